@@ -1,0 +1,376 @@
+"""Conversions between the SDK's domain types and ``kio`` entities, per API version.
+
+This is the only module (with ``connection`` and ``framing``) that knows ``kio``.
+Each ``*_call`` returns the kio request and the response type to decode; each
+``*_from_kio`` turns the decoded response into a domain type.
+"""
+
+from __future__ import annotations
+
+import datetime
+import uuid
+from collections import defaultdict
+from typing import Any
+
+from kio.schema.consumer_group_describe.v0 import request as cgd_req_v0
+from kio.schema.consumer_group_describe.v0 import response as cgd_resp_v0
+from kio.schema.consumer_group_describe.v1 import request as cgd_req_v1
+from kio.schema.consumer_group_describe.v1 import response as cgd_resp_v1
+from kio.schema.consumer_group_heartbeat.v0 import request as hb_req_v0
+from kio.schema.consumer_group_heartbeat.v0 import response as hb_resp_v0
+from kio.schema.consumer_group_heartbeat.v1 import request as hb_req_v1
+from kio.schema.consumer_group_heartbeat.v1 import response as hb_resp_v1
+from kio.schema.find_coordinator.v3 import request as fc_req_v3
+from kio.schema.find_coordinator.v3 import response as fc_resp_v3
+from kio.schema.find_coordinator.v4 import request as fc_req_v4
+from kio.schema.find_coordinator.v4 import response as fc_resp_v4
+from kio.schema.find_coordinator.v5 import request as fc_req_v5
+from kio.schema.find_coordinator.v5 import response as fc_resp_v5
+from kio.schema.find_coordinator.v6 import request as fc_req_v6
+from kio.schema.find_coordinator.v6 import response as fc_resp_v6
+from kio.schema.metadata.v10 import request as md_req_v10
+from kio.schema.metadata.v10 import response as md_resp_v10
+from kio.schema.metadata.v11 import request as md_req_v11
+from kio.schema.metadata.v11 import response as md_resp_v11
+from kio.schema.metadata.v12 import request as md_req_v12
+from kio.schema.metadata.v12 import response as md_resp_v12
+from kio.schema.offset_commit.v9 import request as oc_req_v9
+from kio.schema.offset_commit.v9 import response as oc_resp_v9
+from kio.schema.offset_fetch.v6 import request as of_req_v6
+from kio.schema.offset_fetch.v6 import response as of_resp_v6
+from kio.schema.offset_fetch.v7 import request as of_req_v7
+from kio.schema.offset_fetch.v7 import response as of_resp_v7
+from kio.schema.offset_fetch.v8 import request as of_req_v8
+from kio.schema.offset_fetch.v8 import response as of_resp_v8
+from kio.schema.offset_fetch.v9 import request as of_req_v9
+from kio.schema.offset_fetch.v9 import response as of_resp_v9
+from kio.schema.types import GroupId, TopicName
+from kio.static.primitive import i8, i32, i32Timedelta, i64
+from kio.static.protocol import RequestPayload, ResponsePayload
+
+from consumer_sdk.domain import (
+    ZERO_UUID,
+    Broker,
+    ClusterMetadata,
+    Coordinator,
+    HeartbeatRequest,
+    HeartbeatResponse,
+    OffsetCommitRequest,
+    OffsetFetchRequest,
+    OffsetFetchResponse,
+    PartitionMetadata,
+    PartitionResult,
+    TopicIdPartitions,
+    TopicMetadata,
+)
+
+__all__ = [
+    "API_CONSUMER_GROUP_DESCRIBE",
+    "API_CONSUMER_GROUP_HEARTBEAT",
+    "API_FIND_COORDINATOR",
+    "API_METADATA",
+    "API_OFFSET_COMMIT",
+    "API_OFFSET_FETCH",
+    "SUPPORTED_VERSIONS",
+]
+
+API_OFFSET_COMMIT = 8
+API_OFFSET_FETCH = 9
+API_METADATA = 3
+API_FIND_COORDINATOR = 10
+API_CONSUMER_GROUP_HEARTBEAT = 68
+API_CONSUMER_GROUP_DESCRIBE = 69
+
+Call = tuple[RequestPayload, type[ResponsePayload]]
+
+_HB = {0: (hb_req_v0, hb_resp_v0), 1: (hb_req_v1, hb_resp_v1)}
+_FC = {3: (fc_req_v3, fc_resp_v3), 4: (fc_req_v4, fc_resp_v4), 5: (fc_req_v5, fc_resp_v5),
+       6: (fc_req_v6, fc_resp_v6)}  # fmt: skip
+_MD = {10: (md_req_v10, md_resp_v10), 11: (md_req_v11, md_resp_v11),
+       12: (md_req_v12, md_resp_v12)}  # fmt: skip
+_OF = {6: (of_req_v6, of_resp_v6), 7: (of_req_v7, of_resp_v7), 8: (of_req_v8, of_resp_v8),
+       9: (of_req_v9, of_resp_v9)}  # fmt: skip
+_CGD = {0: (cgd_req_v0, cgd_resp_v0), 1: (cgd_req_v1, cgd_resp_v1)}
+
+#: Versions this SDK implements, per API key (the highest one the broker also has is used).
+SUPPORTED_VERSIONS: dict[int, tuple[int, ...]] = {
+    API_CONSUMER_GROUP_HEARTBEAT: tuple(_HB),
+    API_FIND_COORDINATOR: tuple(_FC),
+    API_METADATA: tuple(_MD),
+    API_OFFSET_COMMIT: (9,),
+    API_OFFSET_FETCH: tuple(_OF),
+    API_CONSUMER_GROUP_DESCRIBE: tuple(_CGD),
+}
+
+
+# -- ConsumerGroupHeartbeat ----------------------------------------------------------------
+
+
+def heartbeat_call(req: HeartbeatRequest, version: int) -> Call:
+    request_mod, response_mod = _HB[version]
+    owned = None
+    if req.topic_partitions is not None:
+        owned = tuple(
+            request_mod.TopicPartitions(
+                topic_id=tp.topic_id, partitions=tuple(i32(p) for p in tp.partitions)
+            )
+            for tp in req.topic_partitions
+        )
+    fields: dict[str, Any] = dict(
+        group_id=req.group_id,
+        member_id=req.member_id,
+        member_epoch=i32(req.member_epoch),
+        instance_id=req.instance_id,
+        rack_id=req.rack_id,
+        rebalance_timeout=i32Timedelta.parse(
+            datetime.timedelta(milliseconds=req.rebalance_timeout_ms)
+        ),
+        subscribed_topic_names=req.subscribed_topic_names,
+        server_assignor=req.server_assignor,
+        topic_partitions=owned,
+    )
+    if version >= 1:
+        fields["subscribed_topic_regex"] = req.subscribed_topic_regex
+    elif req.subscribed_topic_regex:
+        raise ValueError(
+            "a regex subscription needs ConsumerGroupHeartbeat v1 (Kafka 4.0+); "
+            "the broker only offers v0"
+        )
+    return request_mod.ConsumerGroupHeartbeatRequest(**fields), (
+        response_mod.ConsumerGroupHeartbeatResponse
+    )
+
+
+def _ms(value: datetime.timedelta) -> int:
+    return int(value.total_seconds() * 1000)
+
+
+def heartbeat_from_kio(resp: Any) -> HeartbeatResponse:
+    assignment = None
+    if resp.assignment is not None:
+        assignment = tuple(
+            TopicIdPartitions(tp.topic_id or ZERO_UUID, tuple(int(p) for p in tp.partitions))
+            for tp in resp.assignment.topic_partitions
+        )
+    return HeartbeatResponse(
+        error_code=int(resp.error_code),
+        member_epoch=int(resp.member_epoch),
+        heartbeat_interval_ms=_ms(resp.heartbeat_interval),
+        member_id=resp.member_id,
+        error_message=resp.error_message,
+        assignment=assignment,
+        throttle_time_ms=_ms(resp.throttle_time),
+    )
+
+
+# -- Metadata ------------------------------------------------------------------------------
+
+
+def metadata_call(topics: list[str] | None, version: int, allow_auto_create: bool = False) -> Call:
+    request_mod, response_mod = _MD[version]
+    requested = (
+        None
+        if topics is None
+        else tuple(request_mod.MetadataRequestTopic(topic_id=None, name=t) for t in topics)
+    )
+    fields: dict[str, Any] = dict(
+        topics=requested,
+        allow_auto_topic_creation=allow_auto_create,
+        include_topic_authorized_operations=False,
+    )
+    if version <= 10:
+        fields["include_cluster_authorized_operations"] = False
+    return request_mod.MetadataRequest(**fields), response_mod.MetadataResponse
+
+
+def metadata_from_kio(resp: Any) -> ClusterMetadata:
+    brokers = tuple(Broker(int(b.node_id), b.host, int(b.port), b.rack) for b in resp.brokers)
+    topics = tuple(
+        TopicMetadata(
+            name=t.name or "",
+            topic_id=t.topic_id or ZERO_UUID,
+            partitions=tuple(
+                sorted(
+                    (
+                        PartitionMetadata(
+                            int(p.partition_index), int(p.leader_id), int(p.error_code)
+                        )
+                        for p in t.partitions
+                    ),
+                    key=lambda p: p.partition,
+                )
+            ),
+            error_code=int(t.error_code),
+        )
+        for t in resp.topics
+    )
+    return ClusterMetadata(brokers, topics, int(resp.controller_id), resp.cluster_id)
+
+
+# -- FindCoordinator -----------------------------------------------------------------------
+
+
+def find_coordinator_call(group_id: str, version: int) -> Call:
+    request_mod, response_mod = _FC[version]
+    if version < 4:
+        request = request_mod.FindCoordinatorRequest(key=group_id, key_type=i8(0))
+    else:
+        request = request_mod.FindCoordinatorRequest(key_type=i8(0), coordinator_keys=(group_id,))
+    return request, response_mod.FindCoordinatorResponse
+
+
+def find_coordinator_from_kio(group_id: str, resp: Any) -> Coordinator:
+    if hasattr(resp, "coordinators"):
+        for c in resp.coordinators:
+            if c.key == group_id:
+                return Coordinator(
+                    group_id, int(c.node_id), c.host, int(c.port), int(c.error_code),
+                    c.error_message,
+                )  # fmt: skip
+        return Coordinator(group_id, -1, "", -1, 15, "no coordinator entry for the group")
+    return Coordinator(
+        group_id, int(resp.node_id), resp.host, int(resp.port), int(resp.error_code),
+        resp.error_message,
+    )  # fmt: skip
+
+
+# -- OffsetCommit / OffsetFetch ------------------------------------------------------------
+
+
+def offset_commit_call(req: OffsetCommitRequest, version: int = 9) -> Call:
+    by_topic: dict[str, list[Any]] = defaultdict(list)
+    for o in req.offsets:
+        by_topic[o.topic].append(
+            oc_req_v9.OffsetCommitRequestPartition(
+                partition_index=i32(o.partition),
+                committed_offset=i64(o.offset),
+                committed_leader_epoch=i32(o.leader_epoch),
+                committed_metadata=o.metadata,
+            )
+        )
+    request = oc_req_v9.OffsetCommitRequest(
+        group_id=GroupId(req.group_id),
+        generation_id_or_member_epoch=i32(req.member_epoch),
+        member_id=req.member_id,
+        group_instance_id=req.instance_id,
+        topics=tuple(
+            oc_req_v9.OffsetCommitRequestTopic(name=TopicName(t), partitions=tuple(ps))
+            for t, ps in sorted(by_topic.items())
+        ),
+    )
+    return request, oc_resp_v9.OffsetCommitResponse
+
+
+def offset_commit_from_kio(resp: Any) -> tuple[PartitionResult, ...]:
+    return tuple(
+        PartitionResult(t.name, int(p.partition_index), int(p.error_code))
+        for t in resp.topics
+        for p in t.partitions
+    )
+
+
+def offset_fetch_call(req: OffsetFetchRequest, version: int) -> Call:
+    request_mod, response_mod = _OF[version]
+    by_topic: dict[str, list[i32]] = defaultdict(list)
+    for topic, partition in req.partitions:
+        by_topic[topic].append(i32(partition))
+    if version >= 8:
+        topics_v8 = tuple(
+            request_mod.OffsetFetchRequestTopics(name=t, partition_indexes=tuple(ps))
+            for t, ps in sorted(by_topic.items())
+        )
+        group_fields: dict[str, Any] = dict(group_id=req.group_id, topics=topics_v8)
+        if version >= 9:
+            group_fields["member_id"] = req.member_id
+            group_fields["member_epoch"] = i32(req.member_epoch)
+        request = request_mod.OffsetFetchRequest(
+            groups=(request_mod.OffsetFetchRequestGroup(**group_fields),),
+            require_stable=req.require_stable,
+        )
+    else:
+        topics = tuple(
+            request_mod.OffsetFetchRequestTopic(name=t, partition_indexes=tuple(ps))
+            for t, ps in sorted(by_topic.items())
+        )
+        fields: dict[str, Any] = dict(group_id=req.group_id, topics=topics)
+        if version >= 7:
+            fields["require_stable"] = req.require_stable
+        request = request_mod.OffsetFetchRequest(**fields)
+    return request, response_mod.OffsetFetchResponse
+
+
+def offset_fetch_from_kio(resp: Any) -> OffsetFetchResponse:
+    if hasattr(resp, "groups"):
+        if not resp.groups:
+            return OffsetFetchResponse(0, ())
+        group = resp.groups[0]
+        topics, error = group.topics, int(group.error_code)
+    else:
+        topics, error = resp.topics, int(resp.error_code)
+    return OffsetFetchResponse(
+        error,
+        tuple(
+            PartitionResult(
+                t.name,
+                int(p.partition_index),
+                int(p.error_code),
+                int(p.committed_offset),
+                int(p.committed_leader_epoch),
+                p.metadata,
+            )
+            for t in topics
+            for p in t.partitions
+        ),
+    )
+
+
+# -- ConsumerGroupDescribe -----------------------------------------------------------------
+
+
+def consumer_group_describe_call(group_ids: list[str], version: int) -> Call:
+    request_mod, response_mod = _CGD[version]
+    return (
+        request_mod.ConsumerGroupDescribeRequest(
+            group_ids=tuple(group_ids), include_authorized_operations=False
+        ),
+        response_mod.ConsumerGroupDescribeResponse,
+    )
+
+
+def consumer_group_describe_from_kio(resp: Any) -> list[dict[str, Any]]:
+    """Plain dicts (the CLI and tests print them); topic ids stay ``uuid.UUID``."""
+
+    def parts(assignment: Any) -> dict[uuid.UUID, tuple[int, ...]]:
+        return {
+            tp.topic_id or ZERO_UUID: tuple(sorted(int(p) for p in tp.partitions))
+            for tp in assignment.topic_partitions
+        }
+
+    groups = []
+    for g in resp.groups:
+        groups.append(
+            {
+                "group_id": g.group_id,
+                "error_code": int(g.error_code),
+                "state": g.group_state,
+                "group_epoch": int(g.group_epoch),
+                "assignment_epoch": int(g.assignment_epoch),
+                "assignor": g.assignor_name,
+                "members": [
+                    {
+                        "member_id": m.member_id,
+                        "instance_id": m.instance_id,
+                        "rack_id": m.rack_id,
+                        "member_epoch": int(m.member_epoch),
+                        "client_id": m.client_id,
+                        "client_host": m.client_host,
+                        "subscribed_topic_names": tuple(m.subscribed_topic_names),
+                        "subscribed_topic_regex": m.subscribed_topic_regex,
+                        "assignment": parts(m.assignment),
+                        "target_assignment": parts(m.target_assignment),
+                    }
+                    for m in g.members
+                ],
+            }
+        )
+    return groups
