@@ -1,1 +1,24 @@
-"""testing layer."""
+"""Test support: :class:`EmbeddedKafka`, a real Kafka-protocol cluster for tests and demos.
+
+``EmbeddedKafka`` hosts librdkafka's mock cluster (shipped inside the confluent-kafka
+wheel) in a child process and exposes topic management, produce, broker faults, error
+injection, KIP-848 group settings and request tracking::
+
+    from consumer_sdk.testing import EmbeddedKafka
+
+    with EmbeddedKafka(brokers=3, heartbeat_interval_ms=500, session_timeout_ms=6000) as kafka:
+        kafka.create_topic("orders", partitions=6)
+        kafka.produce("orders", [b"v1", b"v2"])
+        ...  # point clients at kafka.bootstrap_servers
+
+The pytest plugin :mod:`consumer_sdk.testing.pytest_plugin` (registered through the
+``pytest11`` entry point) provides the ``embedded_kafka`` and ``embedded_kafka_factory``
+fixtures.
+"""
+
+from __future__ import annotations
+
+from consumer_sdk.testing._embedded import EmbeddedKafka, EmbeddedKafkaError, MockRequest
+from consumer_sdk.testing._helpers import close_client, wait_until
+
+__all__ = ["EmbeddedKafka", "EmbeddedKafkaError", "MockRequest", "close_client", "wait_until"]

@@ -1,0 +1,55 @@
+"""Small helpers for tests that drive real clients against EmbeddedKafka."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+logger = logging.getLogger("consumer_sdk.testing")
+
+T = TypeVar("T")
+
+
+def wait_until(
+    predicate: Callable[[], T],
+    timeout: float = 10.0,
+    interval: float = 0.05,
+    description: str = "condition",
+) -> T:
+    """Poll ``predicate`` until it returns a truthy value (returned), else AssertionError."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = predicate()
+        if result:
+            return result
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout:.1f}s waiting for {description}")
+        time.sleep(interval)
+
+
+def close_client(client: Any, timeout: float = 10.0) -> bool:
+    """Call ``client.close()`` in a daemon thread; True if it returned within ``timeout``.
+
+    confluent-kafka's ``Consumer.close()`` can block forever (e.g. when the broker stops
+    offering ConsumerGroupHeartbeat mid-session), so never call it unguarded in tests.
+    """
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            client.close()
+        except BaseException as exc:  # reported below, never lost in the thread
+            errors.append(exc)
+
+    thread = threading.Thread(target=run, name="close-client", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        logger.warning("%r.close() did not return within %.1fs", client, timeout)
+        return False
+    if errors:
+        logger.warning("%r.close() raised %r", client, errors[0])
+    return True
