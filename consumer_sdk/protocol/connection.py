@@ -194,7 +194,7 @@ class BrokerConnection:
                 raise KafkaTimeoutError(
                     f"{name} to {self.host}:{self.port} timed out after {timeout_s:.3f}s"
                 ) from None
-            except ProtocolError:
+            except (ProtocolError, KafkaTransportError):
                 self.close()
                 raise
             except OSError as exc:
@@ -213,13 +213,16 @@ class BrokerConnection:
             sock.settimeout(remaining)
             chunk = sock.recv(min(n - len(chunks), 1 << 20))
             if not chunk:
-                if chunks or n == 4:
+                if chunks:
                     raise ProtocolError(
-                        f"connection to {self.host}:{self.port} closed by the broker mid-frame"
-                        if chunks
-                        else f"connection to {self.host}:{self.port} closed by the broker"
+                        f"truncated frame: connection to {self.host}:{self.port} closed after "
+                        f"{len(chunks)} of {n} bytes"
                     )
-                raise ProtocolError(f"truncated frame from {self.host}:{self.port}")
+                if n == 4:
+                    raise KafkaTransportError(
+                        f"connection to {self.host}:{self.port} closed by the broker"
+                    )
+                raise ProtocolError(f"truncated frame from {self.host}:{self.port}: body missing")
             chunks += chunk
         return bytes(chunks)
 

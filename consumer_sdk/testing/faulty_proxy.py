@@ -1,0 +1,204 @@
+"""A fault-injecting TCP proxy for Kafka connections (tests of bad broker responses).
+
+It listens on 127.0.0.1, forwards every connection to one upstream broker, and can corrupt
+the next response frames: truncate them, garble their bodies, change their correlation id,
+announce an oversized length, or drop the connection. Faults can target one API key.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import random
+import socket
+import struct
+import threading
+from collections import deque
+from dataclasses import dataclass
+from typing import Literal
+
+__all__ = ["FaultKind", "FaultyProxy"]
+
+log = logging.getLogger("consumer_sdk.testing")
+
+FaultKind = Literal["truncate", "garble", "wrong_correlation_id", "oversize_length", "disconnect"]
+_KINDS = ("truncate", "garble", "wrong_correlation_id", "oversize_length", "disconnect")
+
+
+@dataclass
+class _Fault:
+    kind: FaultKind
+    api_key: int | None
+    remaining: int
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes | None:
+    data = bytearray()
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        if not chunk:
+            return None
+        data += chunk
+    return bytes(data)
+
+
+class FaultyProxy:
+    """``with FaultyProxy("127.0.0.1", port) as proxy: proxy.address ...``"""
+
+    def __init__(self, upstream_host: str, upstream_port: int, *, seed: int = 0) -> None:
+        self.upstream = (upstream_host, upstream_port)
+        self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._listener.bind(("127.0.0.1", 0))
+        self._listener.listen(16)
+        self.port: int = self._listener.getsockname()[1]
+        self._lock = threading.Lock()
+        self._faults: deque[_Fault] = deque()
+        self._sockets: set[socket.socket] = set()
+        self._closed = False
+        self._rng = random.Random(seed)
+        self.injected: list[tuple[FaultKind, int]] = []
+        self.connections_accepted = 0
+        self._thread = threading.Thread(target=self._accept_loop, name="faulty-proxy", daemon=True)
+        self._thread.start()
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def inject(self, kind: FaultKind, *, api_key: int | None = None, count: int = 1) -> None:
+        """Corrupt the next ``count`` responses (to requests of ``api_key``, if given)."""
+        if kind not in _KINDS:
+            raise ValueError(f"unknown fault kind {kind!r}; expected one of {', '.join(_KINDS)}")
+        if count < 1:
+            raise ValueError(f"count must be >= 1, got {count}")
+        with self._lock:
+            self._faults.append(_Fault(kind, api_key, count))
+
+    def pending_faults(self) -> int:
+        with self._lock:
+            return sum(f.remaining for f in self._faults)
+
+    def _take_fault(self, api_key: int) -> FaultKind | None:
+        with self._lock:
+            for fault in self._faults:
+                if fault.api_key is None or fault.api_key == api_key:
+                    fault.remaining -= 1
+                    if fault.remaining == 0:
+                        self._faults.remove(fault)
+                    self.injected.append((fault.kind, api_key))
+                    return fault.kind
+        return None
+
+    def _accept_loop(self) -> None:
+        while not self._closed:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            try:
+                upstream = socket.create_connection(self.upstream, timeout=5)
+                upstream.settimeout(None)
+            except OSError:
+                client.close()
+                continue
+            with self._lock:
+                self.connections_accepted += 1
+                self._sockets.update((client, upstream))
+            pending: deque[int] = deque()
+            cond = threading.Condition()
+            threading.Thread(
+                target=self._pump_requests, args=(client, upstream, pending, cond), daemon=True
+            ).start()
+            threading.Thread(
+                target=self._pump_responses, args=(client, upstream, pending, cond), daemon=True
+            ).start()
+
+    def _pump_requests(
+        self, client: socket.socket, upstream: socket.socket, pending: deque[int],
+        cond: threading.Condition,
+    ) -> None:  # fmt: skip
+        try:
+            while True:
+                prefix = _recv_exact(client, 4)
+                if prefix is None:
+                    break
+                (length,) = struct.unpack(">i", prefix)
+                body = _recv_exact(client, length) if length > 0 else b""
+                if body is None:
+                    break
+                api_key = struct.unpack_from(">h", body, 0)[0] if len(body) >= 2 else -1
+                with cond:
+                    pending.append(api_key)
+                    cond.notify_all()
+                upstream.sendall(prefix + body)
+        except OSError:
+            pass
+        finally:
+            self._close_pair(client, upstream)
+
+    def _pump_responses(
+        self, client: socket.socket, upstream: socket.socket, pending: deque[int],
+        cond: threading.Condition,
+    ) -> None:  # fmt: skip
+        try:
+            while True:
+                prefix = _recv_exact(upstream, 4)
+                if prefix is None:
+                    break
+                (length,) = struct.unpack(">i", prefix)
+                body = _recv_exact(upstream, length)
+                if body is None:
+                    break
+                with cond:
+                    cond.wait_for(lambda: bool(pending), timeout=5)
+                    api_key = pending.popleft() if pending else -1
+                fault = self._take_fault(api_key)
+                if fault is None:
+                    client.sendall(prefix + body)
+                    continue
+                log.info("proxy: injecting %s into a response to API %s", fault, api_key)
+                if fault == "disconnect":
+                    break
+                if fault == "truncate":
+                    client.sendall(prefix + body[: max(len(body) // 2, 1)])
+                    break
+                if fault == "oversize_length":
+                    client.sendall(struct.pack(">i", 0x7FFFFFF0) + body)
+                    break
+                if fault == "wrong_correlation_id":
+                    cid = struct.unpack_from(">i", body, 0)[0]
+                    client.sendall(prefix + struct.pack(">i", cid + 7919) + body[4:])
+                    continue
+                garbled = bytearray(body)
+                for i in range(4, len(garbled)):
+                    garbled[i] = self._rng.randrange(256)
+                client.sendall(prefix + bytes(garbled))
+        except OSError:
+            pass
+        finally:
+            self._close_pair(client, upstream)
+
+    def _close_pair(self, *socks: socket.socket) -> None:
+        for s in socks:
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+            with contextlib.suppress(OSError):
+                s.close()
+            with self._lock:
+                self._sockets.discard(s)
+
+    def close(self) -> None:
+        self._closed = True
+        with contextlib.suppress(OSError):
+            self._listener.close()
+        with self._lock:
+            socks = list(self._sockets)
+        self._close_pair(*socks)
+        self._thread.join(timeout=2)
+
+    def __enter__(self) -> FaultyProxy:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
