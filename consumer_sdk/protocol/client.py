@@ -7,6 +7,7 @@ background thread drives it; tools and tests may call it directly.
 from __future__ import annotations
 
 import logging
+import random
 import threading
 import time
 import uuid
@@ -14,13 +15,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from kio.static.protocol import RequestPayload, ResponsePayload
-from tenacity import (
-    RetryError,
-    Retrying,
-    retry_if_exception_type,
-    stop_before_delay,
-    wait_exponential_jitter,
-)
+from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_before_delay
 
 from consumer_sdk.domain import (
     ClusterMetadata,
@@ -76,6 +71,8 @@ class ClusterClient:
         self._coordinators: dict[str, Coordinator] = {}
         self._metadata: ClusterMetadata | None = None
         self._topic_names: dict[uuid.UUID, str] = {}
+        self._backoff: dict[int, tuple[int, float]] = {}
+        self._rng = random.Random()
         self._closed = False
 
     def __repr__(self) -> str:
@@ -93,44 +90,70 @@ class ClusterClient:
 
     # -- connections -----------------------------------------------------------------------
 
+    def _backoff_delay(self, failures: int) -> float:
+        """Exponential reconnect backoff with +-20% jitter, as librdkafka's reconnect.backoff."""
+        s = self.settings
+        initial = max(s.reconnect_backoff_ms, 1) / 1000
+        ceiling = max(s.reconnect_backoff_max_ms / 1000, initial)
+        base = min(initial * 2 ** max(failures - 1, 0), ceiling)
+        return float(base * self._rng.uniform(0.8, 1.2))
+
     def _open_with_backoff(
         self, host: str, port: int, node_id: int, deadline: float
     ) -> BrokerConnection:
+        """Connect to one broker, retrying with backoff until ``deadline``.
+
+        The failure count persists per node across calls, so a caller that retries in a
+        loop still backs off instead of reconnecting at full speed.
+        """
         s = self.settings
-        initial = max(s.reconnect_backoff_ms, 1) / 1000
-        attempts = 0
+        with self._lock:
+            failures, next_at = self._backoff.get(node_id, (0, 0.0))
+        early = next_at - time.monotonic()
+        if early > 0:
+            if early > deadline - time.monotonic():
+                time.sleep(max(deadline - time.monotonic(), 0))
+                raise KafkaTransportError(
+                    f"broker {node_id} ({host}:{port}) is in reconnect backoff after "
+                    f"{failures} failed attempt(s)"
+                )
+            time.sleep(early)
 
         def attempt() -> BrokerConnection:
-            nonlocal attempts
-            attempts += 1
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise KafkaTimeoutError(f"no time left to connect to {host}:{port}")
-            self._emit("connect.attempt", node_id=node_id, host=host, port=port, attempt=attempts)
+            with self._lock:
+                failures = self._backoff.get(node_id, (0, 0.0))[0]
+            self._emit("connect.attempt", node_id=node_id, host=host, port=port,
+                       attempt=failures + 1)  # fmt: skip
             conn = BrokerConnection(host, port, s, node_id)
             try:
                 conn.open(min(remaining, s.connection_setup_timeout_ms / 1000))
             except _RETRIABLE_CONNECT as exc:
-                self._emit("connect.failed", node_id=node_id, host=host, port=port, error=str(exc))
+                delay = self._backoff_delay(failures + 1)
+                with self._lock:
+                    self._backoff[node_id] = (failures + 1, time.monotonic() + delay)
+                self._emit("connect.failed", node_id=node_id, host=host, port=port,
+                           error=exc.args[0].str(), backoff_s=delay)  # fmt: skip
                 raise
+            with self._lock:
+                self._backoff.pop(node_id, None)
             self._emit("connect.ok", node_id=node_id, host=host, port=port)
             return conn
 
+        def wait(_: RetryCallState) -> float:
+            with self._lock:
+                next_at = self._backoff.get(node_id, (0, 0.0))[1]
+            return max(0.0, min(next_at - time.monotonic(), deadline - time.monotonic()))
+
         retrying = Retrying(
             retry=retry_if_exception_type(_RETRIABLE_CONNECT),
-            wait=wait_exponential_jitter(
-                initial=initial,
-                exp_base=2,
-                max=max(s.reconnect_backoff_max_ms / 1000, initial),
-                jitter=initial * 0.2,
-            ),
+            wait=wait,
             stop=stop_before_delay(max(deadline - time.monotonic(), 0.0)),
             reraise=True,
         )
-        try:
-            return retrying(attempt)
-        except RetryError as exc:  # pragma: no cover - reraise=True makes this unreachable
-            raise KafkaTransportError(f"connect to {host}:{port} failed: {exc}") from None
+        return retrying(attempt)
 
     def connection(self, node_id: int, timeout_s: float | None = None) -> BrokerConnection:
         """An open connection to ``node_id``, reconnecting with backoff within ``timeout_s``."""

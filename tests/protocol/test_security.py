@@ -15,8 +15,7 @@ def test_scram_sha256_rfc7677_vector() -> None:
     client = ScramClient("SCRAM-SHA-256", "user", "pencil", lambda: "rOprNGfwEbeRWgbNEkqO")
     assert client.first() == b"n,,n=user,r=rOprNGfwEbeRWgbNEkqO"
     final = client.step(
-        b"r=rOprNGfwEbeRWgbNEkqO%hvYDpWUa2RaTCAfuxFIlj)hNlF$k0,"
-        b"s=W22ZaJ0SNY7soEsUEjb6gQ==,i=4096"
+        b"r=rOprNGfwEbeRWgbNEkqO%hvYDpWUa2RaTCAfuxFIlj)hNlF$k0,s=W22ZaJ0SNY7soEsUEjb6gQ==,i=4096"
     )
     assert final == (
         b"c=biws,r=rOprNGfwEbeRWgbNEkqO%hvYDpWUa2RaTCAfuxFIlj)hNlF$k0,"
@@ -29,8 +28,7 @@ def test_scram_rejects_a_forged_server_signature() -> None:
     client = ScramClient("SCRAM-SHA-256", "user", "pencil", lambda: "rOprNGfwEbeRWgbNEkqO")
     client.first()
     client.step(
-        b"r=rOprNGfwEbeRWgbNEkqO%hvYDpWUa2RaTCAfuxFIlj)hNlF$k0,"
-        b"s=W22ZaJ0SNY7soEsUEjb6gQ==,i=4096"
+        b"r=rOprNGfwEbeRWgbNEkqO%hvYDpWUa2RaTCAfuxFIlj)hNlF$k0,s=W22ZaJ0SNY7soEsUEjb6gQ==,i=4096"
     )
     with pytest.raises(SaslError, match="server signature mismatch") as info:
         client.step(b"v=AAAATRBi23WpRR/wtup+mMhUZUn/dB5nLTJRsjl95G4=")
