@@ -95,6 +95,7 @@ class _Child:
             start_new_session=True,  # a Ctrl-C aimed at the test run is the parent's to handle
         )
         self.pid = self.proc.pid
+        self.owner_pid = os.getpid()
         self.stderr_ring: collections.deque[str] = collections.deque(maxlen=_STDERR_RING)
         self.replies: queue.Queue[dict[str, Any] | None] = queue.Queue()
         self.eof = threading.Event()
@@ -181,7 +182,7 @@ class _Child:
 
     def shutdown(self, timeout: float = _CLOSE_TIMEOUT_S) -> None:
         """Stop the child: ask politely, then SIGTERM, then SIGKILL. Idempotent, bounded."""
-        if self._shut:
+        if self._shut or os.getpid() != self.owner_pid:  # a fork inherited the handle
             return
         self._shut = True
         if self.proc.poll() is None and not self.eof.is_set():
@@ -682,7 +683,11 @@ class EmbeddedKafka:
     # -- request tracking --------------------------------------------------------------------
 
     def requests(self, api_key: int | None = None) -> list[MockRequest]:
-        """Requests seen since start or :meth:`clear_requests`, in arrival order."""
+        """Requests seen since start or :meth:`clear_requests`, in arrival order.
+
+        The mock keeps every request until cleared: in long sessions, clear between
+        scenarios to keep these calls cheap.
+        """
         if api_key is not None:
             _int("api_key", api_key, 0, _INT16[1])
         return [MockRequest(*r) for r in self._call("requests", api_key=api_key)]

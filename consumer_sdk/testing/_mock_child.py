@@ -127,11 +127,15 @@ def find_librdkafka() -> str:
     except OSError:
         pass
     package_dir = os.path.dirname(os.path.abspath(confluent_kafka.__file__))
-    pattern = os.path.join(os.path.dirname(package_dir), "confluent_kafka.libs", "librdkafka*.so*")
-    candidates = sorted(glob.glob(pattern))
+    patterns = [
+        # Linux wheels (auditwheel), then macOS wheels (delocate).
+        os.path.join(os.path.dirname(package_dir), "confluent_kafka.libs", "librdkafka*.so*"),
+        os.path.join(package_dir, ".dylibs", "librdkafka*.dylib"),
+    ]
+    candidates = sorted(path for pattern in patterns for path in glob.glob(pattern))
     if not candidates:
         raise RuntimeError(
-            f"librdkafka not found: nothing matches {pattern!r} "
+            f"librdkafka not found: nothing matches {' or '.join(map(repr, patterns))} "
             f"(confluent_kafka {confluent_kafka.version()[0]} at {package_dir})"
         )
     return candidates[0]
@@ -174,6 +178,7 @@ class MockCluster:
             )
         self.broker_count = int(config["brokers"])
         self.topics: dict[str, int] = {}
+        self._decoded: list[tuple[int, int, int]] = []
         self.rk = self._new_host_handle(config.get("debug"))
         self.mc: int | None = self.lib.rd_kafka_mock_cluster_new(self.rk, self.broker_count)
         if not self.mc:
@@ -429,31 +434,38 @@ class MockCluster:
                 self.lib.rd_kafka_topic_partition_list_destroy(tplist)
 
     def _tracked(self) -> list[tuple[int, int, int]]:
+        """All tracked requests. The mock's list only grows until clear_requests (which
+        only this class calls), so entries decoded earlier are kept and only new ones are
+        decoded."""
         count = _c_size_t(0)
         array = self.lib.rd_kafka_mock_get_requests(self.mc, ctypes.byref(count))
         if not array or not count.value:
-            return []
+            return self._decoded
         try:
-            return [
-                (
-                    int(self.lib.rd_kafka_mock_request_api_key(array[i])),
-                    int(self.lib.rd_kafka_mock_request_timestamp(array[i])),
-                    int(self.lib.rd_kafka_mock_request_id(array[i])),
+            if count.value < len(self._decoded):  # cleared behind our back: start over
+                self._decoded = []
+            for i in range(len(self._decoded), count.value):
+                self._decoded.append(
+                    (
+                        int(self.lib.rd_kafka_mock_request_api_key(array[i])),
+                        int(self.lib.rd_kafka_mock_request_timestamp(array[i])),
+                        int(self.lib.rd_kafka_mock_request_id(array[i])),
+                    )
                 )
-                for i in range(count.value)
-            ]
         finally:
             self.lib.rd_kafka_mock_request_destroy_array(array, count.value)
+        return self._decoded
 
     def requests(self, api_key: int | None) -> list[tuple[int, int, int]]:
         tracked = self._tracked()
-        return tracked if api_key is None else [r for r in tracked if r[0] == api_key]
+        return list(tracked) if api_key is None else [r for r in tracked if r[0] == api_key]
 
     def request_counts(self) -> list[tuple[int, int]]:
         return sorted(collections.Counter(r[0] for r in self._tracked()).items())
 
     def clear_requests(self) -> None:
         self.lib.rd_kafka_mock_clear_requests(self.mc)
+        self._decoded = []
 
     def ping(self) -> str:
         return "pong"

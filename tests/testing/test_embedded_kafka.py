@@ -138,6 +138,14 @@ def test_request_tracking(embedded_kafka: EmbeddedKafka, reader: Consumer) -> No
     assert embedded_kafka.request_counts() == {}
     assert embedded_kafka.requests() == []
 
+    api_versions(embedded_kafka.broker_address(3))
+    first = embedded_kafka.requests()
+    api_versions(embedded_kafka.broker_address(2))
+    second = embedded_kafka.requests()
+    assert [(r.api_key, r.broker_id) for r in second] == [(API_VERSIONS, 3), (API_VERSIONS, 2)]
+    assert second[:1] == first
+    assert embedded_kafka.request_counts() == {API_VERSIONS: 2}
+
 
 def test_broker_down_refuses_connections_until_up(embedded_kafka: EmbeddedKafka) -> None:
     address = embedded_kafka.broker_address(3)
