@@ -1,0 +1,248 @@
+"""Consumer configuration: a pydantic model over librdkafka-style dotted keys.
+
+Unknown keys, wrong types and keys the KIP-848 protocol forbids fail at construction with
+one :class:`~consumer_sdk.errors.ConfigError` naming the key and the reason. Fetch-related
+librdkafka keys pass through to the data plane's ``confluent_kafka.Consumer``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Callable, Mapping
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from consumer_sdk.errors import ConfigError
+from consumer_sdk.protocol.security import ConnectionSettings, parse_bootstrap_servers
+
+__all__ = ["FORBIDDEN_KEYS", "FETCHER_KEYS", "ConsumerConfig"]
+
+#: Keys the consumer group protocol moved to the broker; rejected like librdkafka does.
+FORBIDDEN_KEYS: dict[str, str] = {
+    "session.timeout.ms": "the broker sets it (group.consumer.session.timeout.ms)",
+    "heartbeat.interval.ms": "the broker sets it (group.consumer.heartbeat.interval.ms)",
+    "partition.assignment.strategy": (
+        "assignment runs on the broker; choose a server assignor with group.remote.assignor"
+    ),
+    "group.protocol.type": "the consumer group protocol has no protocol type",
+}
+
+#: librdkafka keys handed to the fetcher (confluent_kafka.Consumer in assign-only mode).
+FETCHER_KEYS = frozenset(
+    {
+        "fetch.wait.max.ms",
+        "fetch.min.bytes",
+        "fetch.max.bytes",
+        "fetch.message.max.bytes",
+        "max.partition.fetch.bytes",
+        "fetch.error.backoff.ms",
+        "fetch.queue.backoff.ms",
+        "queued.min.messages",
+        "queued.max.messages.kbytes",
+        "isolation.level",
+        "check.crcs",
+        "enable.partition.eof",
+        "client.dns.lookup",
+        "topic.metadata.refresh.interval.ms",
+        "metadata.max.age.ms",
+        "statistics.interval.ms",
+        "debug",
+        "log_level",
+        "api.version.request.timeout.ms",
+        "socket.keepalive.enable",
+        "socket.receive.buffer.bytes",
+        "socket.send.buffer.bytes",
+        "connections.max.idle.ms",
+        "ssl.cipher.suites",
+        "ssl.curves.list",
+        "ssl.sigalgs.list",
+        "ssl.ca.pem",
+        "ssl.certificate.pem",
+        "ssl.key.pem",
+    }
+)
+
+# Keys read by the connection layer (ConnectionSettings) and also given to the fetcher.
+_CONNECTION_KEYS = frozenset(
+    {
+        "bootstrap.servers",
+        "client.id",
+        "security.protocol",
+        "socket.timeout.ms",
+        "socket.connection.setup.timeout.ms",
+        "reconnect.backoff.ms",
+        "reconnect.backoff.max.ms",
+        "receive.message.max.bytes",
+        "ssl.ca.location",
+        "ssl.certificate.location",
+        "ssl.key.location",
+        "ssl.key.password",
+        "ssl.endpoint.identification.algorithm",
+        "enable.ssl.certificate.verification",
+        "sasl.mechanism",
+        "sasl.mechanisms",
+        "sasl.username",
+        "sasl.password",
+    }
+)
+_CALLBACK_KEYS = frozenset({"error_cb", "stats_cb", "logger", "throttle_cb"})
+
+_OFFSET_RESET = {
+    "earliest": "earliest",
+    "smallest": "earliest",
+    "beginning": "earliest",
+    "latest": "latest",
+    "largest": "latest",
+    "end": "latest",
+    "error": "error",
+}
+
+
+class ConsumerConfig(BaseModel):
+    """Validated consumer settings (construct with :meth:`from_mapping`)."""
+
+    model_config = ConfigDict(
+        frozen=True, extra="forbid", populate_by_name=True, arbitrary_types_allowed=True
+    )
+
+    bootstrap_servers: str = Field(alias="bootstrap.servers")
+    group_id: str = Field(alias="group.id")
+    group_instance_id: str | None = Field(default=None, alias="group.instance.id")
+    client_id: str = Field(default="consumer-sdk", alias="client.id")
+    client_rack: str | None = Field(default=None, alias="client.rack")
+    group_protocol: Literal["consumer"] = Field(default="consumer", alias="group.protocol")
+    group_remote_assignor: str | None = Field(default=None, alias="group.remote.assignor")
+    max_poll_interval_ms: int = Field(default=300_000, ge=1, le=86_400_000,
+                                      alias="max.poll.interval.ms")  # fmt: skip
+    enable_auto_commit: bool = Field(default=True, alias="enable.auto.commit")
+    auto_commit_interval_ms: int = Field(default=5_000, ge=0, alias="auto.commit.interval.ms")
+    auto_offset_reset: Literal["earliest", "latest", "error"] = Field(
+        default="latest", alias="auto.offset.reset"
+    )
+    retry_backoff_ms: int = Field(default=100, ge=1, le=300_000, alias="retry.backoff.ms")
+    retry_backoff_max_ms: int = Field(default=1_000, ge=1, le=300_000,
+                                      alias="retry.backoff.max.ms")  # fmt: skip
+    enable_auto_offset_store: bool = Field(default=True, alias="enable.auto.offset.store")
+
+    connection: ConnectionSettings = Field(exclude=True)
+    fetcher_overrides: dict[str, Any] = Field(default_factory=dict, exclude=True)
+    callbacks: dict[str, Callable[..., Any]] = Field(default_factory=dict, exclude=True)
+    raw_connection: dict[str, Any] = Field(default_factory=dict, exclude=True, repr=False)
+
+    @field_validator("group_id")
+    @classmethod
+    def _group_id_not_empty(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("must be a non-empty string")
+        return value
+
+    @field_validator("group_instance_id")
+    @classmethod
+    def _instance_id_not_empty(cls, value: str | None) -> str | None:
+        if value is not None and not value.strip():
+            raise ValueError("must be a non-empty string when set")
+        return value
+
+    @field_validator("group_remote_assignor")
+    @classmethod
+    def _assignor_name(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"[A-Za-z0-9._-]+", value):
+            raise ValueError(f"{value!r} is not an assignor name (e.g. 'uniform' or 'range')")
+        return value
+
+    @field_validator("auto_offset_reset", mode="before")
+    @classmethod
+    def _offset_reset_alias(cls, value: object) -> object:
+        if isinstance(value, str) and value.lower() in _OFFSET_RESET:
+            return _OFFSET_RESET[value.lower()]
+        return value
+
+    @classmethod
+    def from_mapping(cls, config: Mapping[str, Any]) -> ConsumerConfig:
+        """Validate a librdkafka-style dict; raise ConfigError naming the first bad key."""
+        if not isinstance(config, Mapping):
+            raise ConfigError(f"configuration must be a dict, got {type(config).__name__}")
+        known = {f.alias for f in cls.model_fields.values() if f.alias}
+        model_keys: dict[str, Any] = {}
+        connection_keys: dict[str, Any] = {}
+        fetcher: dict[str, Any] = {}
+        callbacks: dict[str, Callable[..., Any]] = {}
+        for key, value in config.items():
+            if not isinstance(key, str):
+                raise ConfigError(f"configuration keys must be strings, got {key!r}")
+            if key in FORBIDDEN_KEYS:
+                raise ConfigError(
+                    f"{key}: not allowed with the consumer group protocol (KIP-848): "
+                    f"{FORBIDDEN_KEYS[key]}"
+                )
+            if key in _CALLBACK_KEYS:
+                if not callable(value):
+                    raise ConfigError(f"{key}: expected a callable, got {type(value).__name__}")
+                callbacks[key] = value
+            elif key in FETCHER_KEYS:
+                fetcher[key] = value
+            elif key in _CONNECTION_KEYS:
+                connection_keys[key] = value
+                if key in ("bootstrap.servers", "client.id"):
+                    model_keys[key] = value
+            elif key in known:
+                model_keys[key] = value
+            else:
+                candidates = sorted(known | FETCHER_KEYS | _CONNECTION_KEYS | _CALLBACK_KEYS)
+                close = difflib.get_close_matches(key, candidates, n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                raise ConfigError(f"{key}: unknown configuration property{hint}")
+        if "bootstrap.servers" not in config:
+            raise ConfigError("bootstrap.servers: required, e.g. 'localhost:9092'")
+        if "group.id" not in config:
+            raise ConfigError("group.id: required (the consumer group to join)")
+        parse_bootstrap_servers(config["bootstrap.servers"])
+        connection = ConnectionSettings.from_config(connection_keys)
+        try:
+            return cls.model_validate(
+                {
+                    **model_keys,
+                    "connection": connection,
+                    "fetcher_overrides": fetcher,
+                    "callbacks": callbacks,
+                    "raw_connection": connection_keys,
+                }
+            )
+        except ValidationError as exc:
+            raise ConfigError(_describe(exc, cls)) from None
+
+    def fetcher_config(self) -> dict[str, Any]:
+        """Settings for the assign-only ``confluent_kafka.Consumer`` data plane."""
+        conf: dict[str, Any] = {
+            key: value for key, value in self.raw_connection.items() if key != "sasl.mechanisms"
+        }
+        if "sasl.mechanisms" in self.raw_connection and "sasl.mechanism" not in conf:
+            conf["sasl.mechanism"] = self.raw_connection["sasl.mechanisms"]
+        conf.update(self.fetcher_overrides)
+        conf.update(
+            {
+                "group.id": self.group_id,
+                "client.id": f"{self.client_id}-fetcher",
+                "enable.auto.commit": False,
+                "enable.auto.offset.store": False,
+                "auto.offset.reset": self.auto_offset_reset,
+            }
+        )
+        if "stats_cb" in self.callbacks:
+            conf["stats_cb"] = self.callbacks["stats_cb"]
+        return conf
+
+
+def _describe(exc: ValidationError, model: type[BaseModel]) -> str:
+    aliases = {name: f.alias or name for name, f in model.model_fields.items()}
+    problems = []
+    for error in exc.errors():
+        loc = error["loc"][0] if error["loc"] else "?"
+        key = aliases.get(str(loc), str(loc))
+        message = error["msg"].removeprefix("Value error, ")
+        if error["type"] == "literal_error":
+            message = f"expected {error['ctx']['expected']}"
+        problems.append(f"{key}: {message} (got {error.get('input')!r})")
+    return "; ".join(problems)

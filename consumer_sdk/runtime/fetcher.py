@@ -1,0 +1,143 @@
+"""Data plane: records fetched by a ``confluent_kafka.Consumer`` in assign-only mode.
+
+The fetcher never subscribes, never commits and never stores offsets; the membership
+runtime drives it with ``incremental_assign`` / ``incremental_unassign``. Records of a
+partition that is no longer fetchable are dropped, including ones librdkafka already
+buffered, so a revoked partition's record can never reach the application.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, Message, TopicPartition
+
+log = logging.getLogger("consumer_sdk.runtime")
+
+Partition = tuple[str, int]
+
+
+class Fetcher:
+    """Assign-only record fetcher with per-partition positions."""
+
+    def __init__(self, config: Mapping[str, Any]) -> None:
+        self._consumer = Consumer(dict(config))
+        self._lock = threading.Lock()
+        self._fetchable: set[Partition] = set()
+        self._assigned: set[Partition] = set()
+        self._positions: dict[Partition, int] = {}
+        self._leader_epochs: dict[Partition, int] = {}
+        self._paused: set[Partition] = set()
+        self._closed = False
+        self.reset = str(config.get("auto.offset.reset", "latest"))
+
+    @property
+    def consumer(self) -> Consumer:
+        return self._consumer
+
+    def assign(self, starts: Mapping[Partition, int | None]) -> None:
+        """Start fetching ``starts`` (partition -> next offset; None = auto.offset.reset)."""
+        if not starts:
+            return
+        tps = []
+        for (topic, partition), offset in starts.items():
+            if offset is None or offset < 0:
+                offset = OFFSET_BEGINNING if self.reset == "earliest" else OFFSET_END
+            tps.append(TopicPartition(topic, partition, offset))
+        with self._lock:
+            new = [tp for tp in tps if (tp.topic, tp.partition) not in self._assigned]
+            if not new:
+                return
+            self._consumer.incremental_assign(new)
+            for tp in new:
+                key = (tp.topic, tp.partition)
+                self._assigned.add(key)
+                self._fetchable.add(key)
+                if tp.offset >= 0:
+                    self._positions[key] = tp.offset
+        log.debug("fetcher assigned %s", sorted((tp.topic, tp.partition) for tp in new))
+
+    def unassign(self, partitions: Iterable[Partition]) -> None:
+        """Stop fetching and drop every buffered record of ``partitions``."""
+        with self._lock:
+            gone = [p for p in partitions if p in self._assigned]
+            for p in gone:
+                self._assigned.discard(p)
+                self._fetchable.discard(p)
+                self._paused.discard(p)
+                self._positions.pop(p, None)
+                self._leader_epochs.pop(p, None)
+            if gone and not self._closed:
+                self._consumer.incremental_unassign([TopicPartition(t, p) for t, p in gone])
+        if gone:
+            log.debug("fetcher unassigned %s", sorted(gone))
+
+    def fence(self, partitions: Iterable[Partition]) -> None:
+        """Mark partitions pending revocation: their records are dropped from now on."""
+        with self._lock:
+            for p in partitions:
+                self._fetchable.discard(p)
+
+    def assigned(self) -> set[Partition]:
+        with self._lock:
+            return set(self._assigned)
+
+    def pause(self, partitions: Iterable[Partition]) -> None:
+        with self._lock:
+            tps = [TopicPartition(t, p) for t, p in partitions if (t, p) in self._assigned]
+            self._paused.update((tp.topic, tp.partition) for tp in tps)
+            if tps:
+                self._consumer.pause(tps)
+
+    def resume(self, partitions: Iterable[Partition]) -> None:
+        with self._lock:
+            tps = [TopicPartition(t, p) for t, p in partitions if (t, p) in self._assigned]
+            self._paused.difference_update((tp.topic, tp.partition) for tp in tps)
+            if tps:
+                self._consumer.resume(tps)
+
+    def positions(self) -> dict[Partition, int]:
+        """Next offset to deliver per partition (only partitions that have one)."""
+        with self._lock:
+            return dict(self._positions)
+
+    def leader_epoch(self, partition: Partition) -> int:
+        with self._lock:
+            return self._leader_epochs.get(partition, -1)
+
+    def _accept(self, msg: Message) -> bool:
+        if msg.error() is not None:
+            return True
+        key = (msg.topic(), msg.partition())
+        with self._lock:
+            if key not in self._fetchable:
+                return False
+            self._positions[key] = msg.offset() + 1
+            epoch = msg.leader_epoch()
+            if epoch is not None:
+                self._leader_epochs[key] = epoch
+        return True
+
+    def poll(self, timeout: float) -> Message | None:
+        if self._closed:
+            return None
+        msg = self._consumer.poll(timeout)
+        if msg is None or not self._accept(msg):
+            return None
+        return msg
+
+    def consume(self, num_messages: int, timeout: float) -> list[Message]:
+        if self._closed:
+            return []
+        return [m for m in self._consumer.consume(num_messages, timeout) if self._accept(m)]
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        # Assign-only consumers leave no group; close() only stops librdkafka's threads.
+        self._consumer.close()
