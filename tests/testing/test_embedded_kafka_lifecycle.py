@@ -178,16 +178,16 @@ def test_child_exits_when_the_parent_is_killed(tmp_path: Path) -> None:
     root = Path(__file__).resolve().parents[2]
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")])
-    parent = subprocess.Popen(
+    with subprocess.Popen(
         [sys.executable, str(script)], stdout=subprocess.PIPE, text=True, env=env
-    )
-    try:
-        assert parent.stdout is not None
-        child_pid = int(parent.stdout.readline())
-        assert not _process_gone(child_pid)
-    finally:
-        parent.kill()
-        parent.wait(timeout=10)
+    ) as parent:
+        try:
+            assert parent.stdout is not None
+            child_pid = int(parent.stdout.readline())
+            assert not _process_gone(child_pid)
+        finally:
+            parent.kill()
+            parent.wait(timeout=10)
     # The child sees EOF on its command pipe and exits (it is not our child: poll /proc).
     wait_until(
         lambda: not os.path.exists(f"/proc/{child_pid}") or _zombie(child_pid),
