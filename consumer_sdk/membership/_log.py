@@ -1,0 +1,38 @@
+"""Library logging with the reference's line prefix (client id, group id, member id, epoch)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+LOGGER = logging.getLogger("consumer_sdk.membership")
+
+
+class MemberLog:
+    """Prefixes every line with ``[Consumer clientId=…, groupId=…, memberId=…, epoch=…]``."""
+
+    def __init__(
+        self, client_id: str, group_id: str, member: Callable[[], tuple[str, int]]
+    ) -> None:
+        self._head = f"[Consumer clientId={client_id}, groupId={group_id}"
+        self._member = member
+
+    def _prefix(self) -> str:
+        member_id, epoch = self._member()
+        return f"{self._head}, memberId={member_id}, epoch={epoch}] "
+
+    def debug(self, msg: str, *args: object) -> None:
+        if LOGGER.isEnabledFor(logging.DEBUG):
+            LOGGER.debug(self._prefix() + msg, *args)
+
+    def info(self, msg: str, *args: object) -> None:
+        if LOGGER.isEnabledFor(logging.INFO):
+            LOGGER.info(self._prefix() + msg, *args)
+
+    def warning(self, msg: str, *args: object) -> None:
+        if LOGGER.isEnabledFor(logging.WARNING):
+            LOGGER.warning(self._prefix() + msg, *args)
+
+    def error(self, msg: str, *args: object) -> None:
+        if LOGGER.isEnabledFor(logging.ERROR):
+            LOGGER.error(self._prefix() + msg, *args)

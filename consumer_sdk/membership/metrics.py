@@ -1,0 +1,162 @@
+"""Membership metrics (group ``consumer-coordinator-metrics``, reference §11), in virtual time.
+
+Like Kafka's sensors, averages, maxima and rates are computed over a sliding window (two
+30-second samples by default, so 60 s), and ``*-total`` values are cumulative. An average or a
+maximum without samples is NaN; a ``*-seconds-ago`` metric is -1 until the first event.
+The core records rebalance, heartbeat and callback metrics; commit metrics are recorded by the
+host's commit path through :meth:`MembershipMetrics.record_commit`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+
+GROUP = "consumer-coordinator-metrics"
+DEFAULT_WINDOW_MS = 60_000
+
+CALLBACK_KINDS = ("revoked", "assigned", "lost")
+
+
+class _Windowed:
+    """Values recorded at virtual times; statistics over the last ``window_ms``."""
+
+    def __init__(self, window_ms: int) -> None:
+        self._window_ms = window_ms
+        self._samples: deque[tuple[int, float]] = deque()
+
+    def record(self, now_ms: int, value: float = 1.0) -> None:
+        self._samples.append((now_ms, value))
+        self._expire(now_ms)
+
+    def _expire(self, now_ms: int) -> None:
+        while self._samples and self._samples[0][0] <= now_ms - self._window_ms:
+            self._samples.popleft()
+
+    def avg(self, now_ms: int) -> float:
+        self._expire(now_ms)
+        if not self._samples:
+            return math.nan
+        return sum(v for _, v in self._samples) / len(self._samples)
+
+    def max(self, now_ms: int) -> float:
+        self._expire(now_ms)
+        if not self._samples:
+            return math.nan
+        return max(v for _, v in self._samples)
+
+    def rate_per_second(self, now_ms: int) -> float:
+        self._expire(now_ms)
+        return len(self._samples) / (self._window_ms / 1000.0)
+
+
+class MembershipMetrics:
+    """Plain counters and latencies; :meth:`snapshot` returns them under the reference names."""
+
+    def __init__(self, window_ms: int = DEFAULT_WINDOW_MS) -> None:
+        self._window_ms = window_ms
+        # rebalance
+        self._rebalance_latency = _Windowed(window_ms)
+        self._rebalance_latency_total = 0.0
+        self._rebalance_total = 0
+        self._failed_rebalances = _Windowed(window_ms)
+        self._failed_rebalance_total = 0
+        self._last_rebalance_end_ms: int | None = None
+        self._rebalance_start_ms: int | None = None
+        self._assigned_partitions = 0
+        # heartbeat
+        self._heartbeat_response_time = _Windowed(window_ms)
+        self._heartbeats = _Windowed(window_ms)
+        self._heartbeat_total = 0
+        self._last_heartbeat_ms: int | None = None
+        # callbacks
+        self._callback_latency = {kind: _Windowed(window_ms) for kind in CALLBACK_KINDS}
+        # commits
+        self._commit_latency = _Windowed(window_ms)
+        self._commits = _Windowed(window_ms)
+        self._commit_total = 0
+
+    # -- rebalance ---------------------------------------------------------------------------
+
+    @property
+    def rebalance_in_progress(self) -> bool:
+        return self._rebalance_start_ms is not None
+
+    def record_rebalance_started(self, now_ms: int) -> None:
+        self._rebalance_start_ms = now_ms
+
+    def record_rebalance_ended(self, now_ms: int) -> None:
+        if self._rebalance_start_ms is None:
+            return
+        latency = float(now_ms - self._rebalance_start_ms)
+        self._rebalance_start_ms = None
+        self._rebalance_latency.record(now_ms, latency)
+        self._rebalance_latency_total += latency
+        self._rebalance_total += 1
+        self._last_rebalance_end_ms = now_ms
+
+    def record_rebalance_failed(self, now_ms: int) -> None:
+        """A heartbeat failed while a rebalance was in progress: count it and end the attempt."""
+        if self._rebalance_start_ms is None:
+            return
+        self._rebalance_start_ms = None
+        self._failed_rebalances.record(now_ms)
+        self._failed_rebalance_total += 1
+
+    def set_assigned_partitions(self, count: int) -> None:
+        self._assigned_partitions = count
+
+    # -- heartbeat ---------------------------------------------------------------------------
+
+    def record_heartbeat_sent(self, now_ms: int) -> None:
+        self._heartbeats.record(now_ms)
+        self._heartbeat_total += 1
+        self._last_heartbeat_ms = now_ms
+
+    def record_heartbeat_response_time(self, now_ms: int, latency_ms: int) -> None:
+        self._heartbeat_response_time.record(now_ms, float(latency_ms))
+
+    # -- callbacks and commits -----------------------------------------------------------------
+
+    def record_callback_latency(self, kind: str, now_ms: int, latency_ms: int) -> None:
+        """``kind`` is ``"revoked"``, ``"assigned"`` or ``"lost"``."""
+        self._callback_latency[kind].record(now_ms, float(latency_ms))
+
+    def record_commit(self, now_ms: int, latency_ms: int) -> None:
+        """Record one commit (called by the host's commit path, not by the core)."""
+        self._commit_latency.record(now_ms, float(latency_ms))
+        self._commits.record(now_ms)
+        self._commit_total += 1
+
+    # -- export ------------------------------------------------------------------------------
+
+    def snapshot(self, now_ms: int) -> dict[str, float]:
+        """All metrics by their reference names, evaluated at ``now_ms``."""
+
+        def seconds_ago(then: int | None) -> float:
+            return -1.0 if then is None else (now_ms - then) / 1000.0
+
+        out: dict[str, float] = {
+            "rebalance-latency-avg": self._rebalance_latency.avg(now_ms),
+            "rebalance-latency-max": self._rebalance_latency.max(now_ms),
+            "rebalance-latency-total": self._rebalance_latency_total,
+            "rebalance-total": float(self._rebalance_total),
+            "rebalance-rate-per-hour": self._rebalance_latency.rate_per_second(now_ms) * 3600.0,
+            "failed-rebalance-total": float(self._failed_rebalance_total),
+            "failed-rebalance-rate-per-hour": self._failed_rebalances.rate_per_second(now_ms)
+            * 3600.0,
+            "last-rebalance-seconds-ago": seconds_ago(self._last_rebalance_end_ms),
+            "assigned-partitions": float(self._assigned_partitions),
+            "heartbeat-response-time-max": self._heartbeat_response_time.max(now_ms),
+            "heartbeat-rate": self._heartbeats.rate_per_second(now_ms),
+            "heartbeat-total": float(self._heartbeat_total),
+            "last-heartbeat-seconds-ago": seconds_ago(self._last_heartbeat_ms),
+            "commit-latency-avg": self._commit_latency.avg(now_ms),
+            "commit-latency-max": self._commit_latency.max(now_ms),
+            "commit-rate": self._commits.rate_per_second(now_ms),
+            "commit-total": float(self._commit_total),
+        }
+        for kind in CALLBACK_KINDS:
+            out[f"partition-{kind}-latency-avg"] = self._callback_latency[kind].avg(now_ms)
+            out[f"partition-{kind}-latency-max"] = self._callback_latency[kind].max(now_ms)
+        return out
