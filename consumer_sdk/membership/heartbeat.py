@@ -1,0 +1,547 @@
+"""Heartbeat timing, content and error policy (reference §2-§4).
+
+:class:`HeartbeatRequestManager` decides when a ConsumerGroupHeartbeat goes out and what it
+carries, and turns responses and failures into membership transitions. It never does I/O: the
+host calls :meth:`HeartbeatRequestManager.poll`, sends the returned request, and reports the
+outcome with :meth:`~HeartbeatRequestManager.on_response` or
+:meth:`~HeartbeatRequestManager.on_failure` (once per request, in the order sent, or passing the
+request back to match it).
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import random
+from dataclasses import dataclass
+
+from consumer_sdk.domain import HeartbeatRequest, HeartbeatResponse
+from consumer_sdk.error_codes import ErrorCode
+from consumer_sdk.membership.manager import MembershipManager
+from consumer_sdk.membership.metrics import MembershipMetrics
+from consumer_sdk.membership.reconciler import LocalAssignment
+from consumer_sdk.membership.state import MemberState
+
+S = MemberState
+E = ErrorCode
+
+UNSUPPORTED_VERSION_MESSAGE = (
+    "The broker does not support the KIP-848 consumer group protocol "
+    "(ConsumerGroupHeartbeat v1). The broker must be Apache Kafka 4.0 or newer with the "
+    "consumer group protocol enabled (group.coordinator.rebalance.protocols includes "
+    "'consumer'); otherwise use group.protocol=classic with another client."
+)
+
+
+class FailureKind(enum.Enum):
+    """Why a heartbeat got no response."""
+
+    TIMEOUT = "TIMEOUT"  # request timed out: retriable, back off
+    DISCONNECTED = "DISCONNECTED"  # connection lost: retriable, coordinator unknown
+    RETRIABLE = "RETRIABLE"  # any other retriable client-side failure
+    UNSUPPORTED_VERSION_CLIENT = "UNSUPPORTED_VERSION_CLIENT"  # broker lacks the API: fatal
+    AUTHENTICATION = "AUTHENTICATION"  # SASL/TLS failure: fatal
+    FATAL = "FATAL"  # any other non-retriable failure
+
+    @property
+    def retriable(self) -> bool:
+        return self in (FailureKind.TIMEOUT, FailureKind.DISCONNECTED, FailureKind.RETRIABLE)
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """A heartbeat that got no response."""
+
+    kind: FailureKind
+    message: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class PollResult:
+    """What to send now (if anything) and when to call ``poll`` again at the latest."""
+
+    request: HeartbeatRequest | None
+    next_poll_ms: int
+
+
+class _Kind(enum.Enum):
+    REGULAR = "REGULAR"
+    LEAVE = "LEAVE"  # unsubscribe/close leave: the response completes the leave
+    STALE_LEAVE = "STALE_LEAVE"  # poll-expiry leave: the response is ignored
+
+
+@dataclass(frozen=True, slots=True)
+class _InFlight:
+    request: HeartbeatRequest
+    kind: _Kind
+    sent_ms: int
+    generation: int
+
+
+class Backoff:
+    """Exponential backoff with jitter: ``base * 2**n``, capped at ``max_ms`` (reference §3)."""
+
+    def __init__(self, base_ms: int, max_ms: int, jitter: float, rng: random.Random) -> None:
+        self._base = base_ms
+        self._max = max_ms
+        self._jitter = jitter
+        self._rng = rng
+        ratio = max_ms / base_ms if base_ms > 0 else 1.0
+        self._exp_max = math.log(ratio, 2) if ratio > 1.0 else 0.0
+
+    def backoff_ms(self, attempts: int) -> int:
+        """Backoff after ``attempts`` previous failures (0 -> about ``base``)."""
+        if self._exp_max == 0.0:
+            return self._base
+        term = self._base * (2.0 ** min(float(attempts), self._exp_max))
+        factor = 1.0
+        if self._jitter > 0.0:
+            factor = self._rng.uniform(1.0 - self._jitter, 1.0 + self._jitter)
+        return min(self._max, int(term * factor))
+
+
+class HeartbeatTiming:
+    """When the next heartbeat may go: the broker's interval, backoff after failures."""
+
+    def __init__(self, backoff: Backoff) -> None:
+        self._backoff = backoff
+        self.interval_ms = 0
+        self._timer_deadline_ms: int | None = None  # None: expired
+        self._last_received_ms: int | None = None
+        self._attempts = 0
+        self._backoff_ms = 0
+        self._last_failed = False
+
+    @property
+    def failed_attempts(self) -> int:
+        return self._attempts
+
+    def on_send(self, now_ms: int) -> None:
+        self._timer_deadline_ms = now_ms + self.interval_ms
+
+    def on_success(self, now_ms: int) -> None:
+        self._last_received_ms = now_ms
+        self._attempts = 0
+        self._backoff_ms = self._backoff.backoff_ms(0)
+        self._last_failed = False
+
+    def on_failure(self, now_ms: int) -> None:
+        """Back off; the interval no longer applies (retry as soon as the backoff allows)."""
+        self._last_received_ms = now_ms
+        self._backoff_ms = self._backoff.backoff_ms(self._attempts)
+        self._attempts += 1
+        self._last_failed = True
+        self._timer_deadline_ms = None
+
+    def reset(self) -> None:
+        """Skip the backoff and the interval: the next heartbeat may go right away."""
+        self._last_received_ms = None
+        self._attempts = 0
+        self._backoff_ms = 0
+        self._last_failed = False
+        self._timer_deadline_ms = None
+
+    def update_interval(self, interval_ms: int, now_ms: int) -> None:
+        if interval_ms != self.interval_ms:
+            self.interval_ms = interval_ms
+            self._timer_deadline_ms = now_ms + interval_ms
+
+    def backoff_remaining(self, now_ms: int) -> int:
+        if self._last_received_ms is None:
+            return 0
+        return max(0, self._backoff_ms - (now_ms - self._last_received_ms))
+
+    def failure_backoff_remaining(self, now_ms: int) -> int:
+        """Backoff still due after a failed attempt (immediate heartbeats respect only this)."""
+        return self.backoff_remaining(now_ms) if self._last_failed else 0
+
+    def interval_remaining(self, now_ms: int) -> int:
+        if self._timer_deadline_ms is None:
+            return 0
+        return max(0, self._timer_deadline_ms - now_ms)
+
+
+@dataclass(slots=True)
+class _SentFields:
+    """What the last heartbeats carried, to send only changes (reference §2)."""
+
+    rebalance_timeout_ms: int | None = None
+    subscription: tuple[tuple[str, ...], str] | None = None
+    server_assignor: str | None = None
+    assignment: LocalAssignment | None = None
+
+
+class HeartbeatRequestManager:
+    """Builds heartbeats when due and applies the error policy to their outcomes."""
+
+    def __init__(
+        self,
+        membership: MembershipManager,
+        metrics: MembershipMetrics,
+        rng: random.Random,
+    ) -> None:
+        cfg = membership.config
+        self._m = membership
+        self._cfg = cfg
+        self._metrics = metrics
+        self._timing = HeartbeatTiming(
+            Backoff(cfg.retry_backoff_ms, cfg.retry_backoff_max_ms, cfg.retry_backoff_jitter, rng)
+        )
+        self._sent = _SentFields()
+        self._in_flight: list[_InFlight] = []
+        self._coordinator_known = False
+        self._poll_deadline_ms: int | None = None
+
+    # ------------------------------------------------------------------------------------------
+    # Views
+    # ------------------------------------------------------------------------------------------
+
+    @property
+    def timing(self) -> HeartbeatTiming:
+        return self._timing
+
+    @property
+    def coordinator_known(self) -> bool:
+        return self._coordinator_known
+
+    @property
+    def coordinator_needed(self) -> bool:
+        """The member wants to heartbeat but has no coordinator: the host should find one."""
+        return not self._coordinator_known and not self._m.should_skip_heartbeat()
+
+    @property
+    def in_flight(self) -> int:
+        """Heartbeats sent and not yet answered (leaves included)."""
+        return len(self._in_flight)
+
+    def _regular_in_flight(self) -> bool:
+        return any(r.kind is _Kind.REGULAR for r in self._in_flight)
+
+    # ------------------------------------------------------------------------------------------
+    # Coordinator and poll timer
+    # ------------------------------------------------------------------------------------------
+
+    def on_coordinator_known(self, now_ms: int) -> None:
+        self._coordinator_known = True
+
+    def on_coordinator_unknown(self, now_ms: int) -> None:
+        self._coordinator_known = False
+
+    def reset_poll_timer(self, now_ms: int) -> None:
+        """The application called ``poll()``: restart ``max.poll.interval.ms``."""
+        if self._poll_deadline_ms is not None and now_ms >= self._poll_deadline_ms:
+            self._m.log.warning(
+                "Time between polls exceeded max.poll.interval.ms by about %d ms",
+                now_ms - self._poll_deadline_ms,
+            )
+        self._poll_deadline_ms = now_ms + self._cfg.rebalance_timeout_ms
+
+    def poll_timer_expired(self, now_ms: int) -> bool:
+        return self._poll_deadline_ms is not None and now_ms >= self._poll_deadline_ms
+
+    # ------------------------------------------------------------------------------------------
+    # Poll
+    # ------------------------------------------------------------------------------------------
+
+    def poll(self, now_ms: int) -> PollResult:
+        """The heartbeat to send now, if any, and the time until the next call."""
+        m = self._m
+        if m.state is S.FATAL:
+            return PollResult(None, self.time_until_next_poll(now_ms))
+        if not self._coordinator_known or m.should_skip_heartbeat():
+            if not self._coordinator_known:
+                m.on_heartbeat_request_skipped(now_ms, "coordinator unknown")
+            return PollResult(None, self.time_until_next_poll(now_ms))
+
+        if self.poll_timer_expired(now_ms) and not m.is_leaving():
+            m.log.warning(
+                "Consumer poll timeout expired: the time between poll() calls exceeded "
+                "max.poll.interval.ms (%d ms). Leaving the group; the member rejoins on the "
+                "next poll(). Increase max.poll.interval.ms or process fewer records per poll.",
+                self._cfg.rebalance_timeout_ms,
+            )
+            m.transition_to_sending_leave_group(now_ms, due_to_poll_timer=True)
+            request = self._send(now_ms, _Kind.STALE_LEAVE)
+            # The answer is ignored; the member may rejoin before or after it arrives.
+            self._timing.reset()
+            self._sent = _SentFields()
+            return PollResult(request, self.time_until_next_poll(now_ms))
+
+        if m.state is S.LEAVING:
+            if m.leave_epoch() is None:
+                m.on_heartbeat_request_skipped(now_ms, "close option REMAIN_IN_GROUP")
+                return PollResult(None, self.time_until_next_poll(now_ms))
+            # A leave goes out even if another heartbeat is in flight, and only once.
+            request = self._send(now_ms, _Kind.LEAVE)
+            return PollResult(request, self.time_until_next_poll(now_ms))
+
+        if self._can_send(now_ms):
+            request = self._send(now_ms, _Kind.REGULAR)
+            return PollResult(request, self.time_until_next_poll(now_ms))
+        return PollResult(None, self.time_until_next_poll(now_ms))
+
+    def _can_send(self, now_ms: int) -> bool:
+        if self._regular_in_flight():
+            return False
+        if self._m.should_heartbeat_now():
+            return self._timing.failure_backoff_remaining(now_ms) == 0
+        return (
+            self._timing.interval_remaining(now_ms) == 0
+            and self._timing.backoff_remaining(now_ms) == 0
+        )
+
+    def time_until_next_poll(self, now_ms: int) -> int:
+        """How long the host may wait before calling :meth:`poll` again."""
+        m = self._m
+        idle = max(self._timing.interval_ms, self._cfg.retry_backoff_max_ms)
+        if m.state is S.FATAL or m.should_skip_heartbeat():
+            return idle
+        if not self._coordinator_known:
+            return 0 if m.state is S.LEAVING else idle
+        if m.state is S.LEAVING:
+            return 0
+        if self._poll_deadline_ms is not None and not m.is_leaving():
+            poll_remaining = self._poll_deadline_ms - now_ms
+            if poll_remaining <= 0:
+                return 0
+        else:
+            poll_remaining = None
+        if self._regular_in_flight():
+            wait = idle  # the response wakes the host up
+        elif m.should_heartbeat_now():
+            wait = self._timing.failure_backoff_remaining(now_ms)
+        else:
+            wait = max(
+                self._timing.interval_remaining(now_ms), self._timing.backoff_remaining(now_ms)
+            )
+        if poll_remaining is not None:
+            wait = min(wait, (poll_remaining + 1) // 2)
+        return wait
+
+    # ------------------------------------------------------------------------------------------
+    # Building requests
+    # ------------------------------------------------------------------------------------------
+
+    def _send(self, now_ms: int, kind: _Kind) -> HeartbeatRequest:
+        m = self._m
+        request = self._build_leave() if kind is not _Kind.REGULAR else self._build()
+        self._in_flight.append(_InFlight(request, kind, now_ms, m.generation))
+        self._timing.on_send(now_ms)
+        self._metrics.record_heartbeat_sent(now_ms)
+        m.log.debug("Sending %s heartbeat %s", kind.value, request)
+        m.on_heartbeat_request_generated(now_ms)
+        if kind is not _Kind.REGULAR:
+            self._sent = _SentFields()
+        return request
+
+    def _build_leave(self) -> HeartbeatRequest:
+        m = self._m
+        return HeartbeatRequest(
+            group_id=self._cfg.group_id,
+            member_id=m.member_id,
+            member_epoch=m.member_epoch,
+            instance_id=self._cfg.group_instance_id,
+        )
+
+    def _build(self) -> HeartbeatRequest:
+        """A full heartbeat when joining, else only what changed since it was last sent."""
+        m = self._m
+        cfg = self._cfg
+        sent = self._sent
+        full = m.state is S.JOINING
+
+        rebalance_timeout_ms = -1
+        if full or sent.rebalance_timeout_ms != cfg.rebalance_timeout_ms:
+            rebalance_timeout_ms = cfg.rebalance_timeout_ms
+            sent.rebalance_timeout_ms = rebalance_timeout_ms
+
+        # Names and regex always travel together (the embedded mock broker requires it).
+        names: tuple[str, ...] | None = None
+        regex: str | None = None
+        subscription = m.subscription_fields
+        if subscription is not None and (full or sent.subscription != subscription):
+            names, regex = subscription
+            sent.subscription = subscription
+
+        assignor: str | None = None
+        if cfg.remote_assignor is not None and (
+            full or sent.server_assignor != cfg.remote_assignor
+        ):
+            assignor = cfg.remote_assignor
+            sent.server_assignor = assignor
+
+        # TopicPartitions is the ack: sent on join and whenever the local assignment changes.
+        current = m.current_assignment
+        topic_partitions = None
+        if full or sent.assignment != current:
+            topic_partitions = current.to_wire()
+            sent.assignment = current
+
+        return HeartbeatRequest(
+            group_id=cfg.group_id,
+            member_id=m.member_id,
+            member_epoch=m.member_epoch,
+            instance_id=cfg.group_instance_id,
+            rack_id=cfg.client_rack if full else None,
+            rebalance_timeout_ms=rebalance_timeout_ms,
+            subscribed_topic_names=names,
+            subscribed_topic_regex=regex,
+            server_assignor=assignor,
+            topic_partitions=topic_partitions,
+        )
+
+    def reset_sent_fields(self) -> None:
+        """Make the next heartbeat full (after any error or failure)."""
+        self._sent = _SentFields()
+
+    # ------------------------------------------------------------------------------------------
+    # Outcomes
+    # ------------------------------------------------------------------------------------------
+
+    def _pop(self, request: HeartbeatRequest | None) -> _InFlight | None:
+        if request is not None:
+            for i, record in enumerate(self._in_flight):
+                if record.request is request:
+                    return self._in_flight.pop(i)
+            for i, record in enumerate(self._in_flight):
+                if record.request == request:
+                    return self._in_flight.pop(i)
+        if self._in_flight:
+            return self._in_flight.pop(0)
+        return None
+
+    def on_response(
+        self, now_ms: int, response: HeartbeatResponse, request: HeartbeatRequest | None = None
+    ) -> None:
+        """Apply a heartbeat response (``request``: the one it answers; default the oldest)."""
+        m = self._m
+        record = self._pop(request)
+        if record is None:
+            m.log.warning("Ignoring a heartbeat response with no heartbeat in flight")
+            return
+        self._metrics.record_heartbeat_response_time(now_ms, now_ms - record.sent_ms)
+        if record.kind is _Kind.STALE_LEAVE:
+            m.log.debug(
+                "Ignoring the response to the poll-expiry leave heartbeat (%s)",
+                E.name_of(response.error_code),
+            )
+            return
+        stale = record.generation != m.generation
+        if response.error_code == E.NONE:
+            if response.heartbeat_interval_ms > 0:
+                self._timing.update_interval(response.heartbeat_interval_ms, now_ms)
+            self._timing.on_success(now_ms)
+            if stale:
+                m.log.debug("Ignoring a heartbeat response from an earlier membership")
+            else:
+                m.on_heartbeat_success(now_ms, response)
+                m.maybe_reconcile(now_ms, can_commit=False)
+        else:
+            self._on_error_response(now_ms, response, stale)
+        if record.kind is _Kind.LEAVE:
+            m.complete_leave()
+
+    def _on_error_response(self, now_ms: int, response: HeartbeatResponse, stale: bool) -> None:
+        m = self._m
+        code = response.error_code
+        name = E.name_of(code)
+        detail = response.error_message or ""
+        self._sent = _SentFields()
+        self._timing.on_failure(now_ms)
+
+        if code in (E.NOT_COORDINATOR, E.COORDINATOR_NOT_AVAILABLE):
+            self._coordinator_known = False
+            self._timing.reset()  # retry as soon as the coordinator is found again
+            m.log.warning(
+                "Heartbeat failed with %s: finding the coordinator again, then retrying %s",
+                name,
+                detail,
+            )
+        elif code == E.COORDINATOR_LOAD_IN_PROGRESS:
+            m.log.warning(
+                "Heartbeat failed with %s; retrying in %d ms %s",
+                name,
+                self._timing.backoff_remaining(now_ms),
+                detail,
+            )
+        elif code in (E.FENCED_MEMBER_EPOCH, E.UNKNOWN_MEMBER_ID):
+            self._timing.reset()  # rejoin as soon as the assignment is released
+            if stale:
+                m.log.info("Ignoring %s for a heartbeat of an earlier membership", name)
+            else:
+                m.log.warning("Heartbeat failed with %s: member is fenced %s", name, detail)
+                m.transition_to_fenced(now_ms, code)
+        elif code == E.TOPIC_AUTHORIZATION_FAILED:
+            m.log.error(
+                "Heartbeat failed with %s while %s; retrying in %d ms %s",
+                name,
+                m.state,
+                self._timing.backoff_remaining(now_ms),
+                detail,
+            )
+            if not stale:
+                m.emit_error(code, _message(code, detail, "Not authorized to access topics"))
+        elif code == E.GROUP_ID_NOT_FOUND and (stale or m.state is S.UNSUBSCRIBED):
+            m.log.info("Ignoring %s: the member already left the group", name)
+        elif stale:
+            m.log.warning("Ignoring %s for a heartbeat of an earlier membership %s", name, detail)
+        else:
+            m.log.error("Heartbeat failed with fatal error %s %s", name, detail)
+            m.transition_to_fatal(now_ms, code, _fatal_message(code, detail))
+        m.on_heartbeat_failure(now_ms, retriable=False)
+
+    def on_failure(
+        self, now_ms: int, failure: Failure, request: HeartbeatRequest | None = None
+    ) -> None:
+        """A heartbeat got no response (timeout, disconnect, client-side error)."""
+        m = self._m
+        record = self._pop(request)
+        if record is None:
+            m.log.warning("Ignoring a heartbeat failure with no heartbeat in flight")
+            return
+        if record.kind is _Kind.STALE_LEAVE:
+            m.log.debug("Poll-expiry leave heartbeat failed (%s); ignored", failure.kind.value)
+            return
+        stale = record.generation != m.generation
+        self._sent = _SentFields()
+        self._timing.on_failure(now_ms)
+        if failure.kind.retriable:
+            if failure.kind is FailureKind.DISCONNECTED:
+                self._coordinator_known = False
+            m.log.warning(
+                "Heartbeat failed (%s%s); retrying in %d ms",
+                failure.kind.value,
+                f": {failure.message}" if failure.message else "",
+                self._timing.backoff_remaining(now_ms),
+            )
+        elif stale:
+            m.log.warning("Ignoring %s for a heartbeat of an earlier membership", failure.kind)
+        elif failure.kind is FailureKind.UNSUPPORTED_VERSION_CLIENT:
+            m.transition_to_fatal(now_ms, E.UNSUPPORTED_VERSION, UNSUPPORTED_VERSION_MESSAGE)
+        else:
+            m.log.error("Heartbeat failed with fatal %s: %s", failure.kind.value, failure.message)
+            m.transition_to_fatal(
+                now_ms,
+                E.UNKNOWN_SERVER_ERROR,
+                f"Heartbeat failed ({failure.kind.value}): {failure.message}".rstrip(": "),
+            )
+        m.on_heartbeat_failure(now_ms, retriable=failure.kind.retriable)
+        if record.kind is _Kind.LEAVE:
+            m.complete_leave()
+
+
+def _message(code: int, detail: str, default: str) -> str:
+    name = E.name_of(code)
+    return f"{name}: {detail}" if detail else f"{name}: {default}"
+
+
+def _fatal_message(code: int, detail: str) -> str:
+    if code == E.UNSUPPORTED_VERSION:
+        return (
+            f"{UNSUPPORTED_VERSION_MESSAGE} ({detail})" if detail else UNSUPPORTED_VERSION_MESSAGE
+        )
+    if code == E.INVALID_REGULAR_EXPRESSION:
+        return _message(code, detail, "the subscription pattern is not a valid RE2J expression")
+    if code == E.GROUP_AUTHORIZATION_FAILED:
+        return _message(code, detail, "Not authorized to access the group")
+    return _message(code, detail, "heartbeat failed")
