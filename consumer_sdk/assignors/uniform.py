@@ -1,0 +1,527 @@
+"""The ``uniform`` assignor: balanced and sticky, the broker's default.
+
+Two builders, picked from the members' (known) topic sets:
+
+* homogeneous (every member subscribes to the same topics): balance first, then
+  stickiness. Sizes differ by at most one; each member keeps as much of its previous
+  target as its quota allows, and a member already holding an extra partition keeps it
+  (KAFKA-18688), so a balanced target is returned unchanged.
+* heterogeneous: keep everything still subscribed, hand each unassigned partition to the
+  least-loaded subscriber of its topic, then rebalance topic by topic from the most to the
+  least loaded subscriber (at most :data:`MAX_BALANCE_PASSES` passes).
+
+Implementation notes (speed): topics are handled by index, loads are counts, partitions
+handed out in bulk are contiguous runs of the free partitions, frozensets built from runs
+are shared between members when they are equal, and members whose previous target is
+kept whole get a plain copy of their previous dict.
+"""
+
+from __future__ import annotations
+
+from bisect import insort
+from collections.abc import Collection, Mapping, Sequence
+from heapq import heapify, heappop, heappush
+from itertools import chain, groupby
+from typing import Any
+
+from consumer_sdk.assignors._common import (
+    Assignment,
+    PreviousAssignment,
+    Retained,
+    Subscription,
+    T,
+    check_members,
+    check_partition_counts,
+    retain_previous,
+    sort_keys,
+)
+from consumer_sdk.assignors.base import Assignor
+
+MAX_BALANCE_PASSES = 16
+"""Upper bound on the heterogeneous rebalancing passes over all topics."""
+
+
+class UniformAssignor(Assignor):
+    """Balanced, sticky assignment (``group.consumer.assignors`` name ``uniform``)."""
+
+    name = "uniform"
+
+    def assign(
+        self,
+        members: Mapping[str, Subscription[T]],
+        partitions: Mapping[T, int],
+        previous: PreviousAssignment[T] | None = None,
+    ) -> Assignment[T]:
+        check_members(members)
+        member_ids = sorted(members)
+        if not member_ids:
+            return {}
+        known = partitions.keys()
+        effective: dict[frozenset[T], frozenset[T]] = {}
+        member_topics: list[frozenset[T]] = []
+        for member_id in member_ids:
+            topics = members[member_id].topics
+            eff = effective.get(topics)
+            if eff is None:
+                eff = topics if known >= topics else frozenset(t for t in topics if t in known)
+                effective[topics] = eff
+            member_topics.append(eff)
+        distinct = set(effective.values())
+        all_topics: frozenset[T] = frozenset().union(*distinct)
+        check_partition_counts(all_topics, partitions)
+        if not all_topics:
+            return {member_id: {} for member_id in member_ids}
+        if len(distinct) == 1:
+            return _homogeneous(member_ids, all_topics, partitions, previous or {})
+        return _heterogeneous(member_ids, member_topics, all_topics, partitions, previous or {})
+
+
+class _Chunks:
+    """Frozensets for runs of free partitions, shared when the same run recurs."""
+
+    __slots__ = ("_runs",)
+
+    def __init__(self) -> None:
+        self._runs: dict[tuple[int, int], frozenset[int]] = {}
+
+    def get(self, free: Sequence[int], start: int, stop: int) -> frozenset[int]:
+        """``frozenset(free[start:stop])``."""
+        if type(free) is not range:
+            return frozenset(free[start:stop])
+        key = (free.start + start, free.start + stop)
+        fs = self._runs.get(key)
+        if fs is None:
+            fs = self._runs[key] = frozenset(range(*key))
+        return fs
+
+    def split(self, free: Sequence[int], start: int, size: int, count: int) -> list[frozenset[int]]:
+        """``count`` consecutive runs of ``size`` partitions of ``free`` from ``start``."""
+        if type(free) is not range:
+            return [frozenset(free[i : i + size]) for i in range(start, start + size * count, size)]
+        runs = self._runs
+        base = free.start + start
+        out: list[frozenset[int]] = []
+        for lo in range(base, base + size * count, size):
+            key = (lo, lo + size)
+            fs = runs.get(key)
+            if fs is None:
+                fs = runs[key] = frozenset(range(lo, lo + size))
+            out.append(fs)
+        return out
+
+
+def _output(
+    member_ids: list[str],
+    topics: list[T],
+    held: list[dict[int, frozenset[int]]],
+    retained: Retained | None,
+    touched: set[int],
+) -> Assignment[T]:
+    out: Assignment[T] = {}
+    pristine: list[Mapping[Any, frozenset[int]] | None] = (
+        retained.pristine if retained is not None else [None] * len(member_ids)
+    )
+    for mi, member_id in enumerate(member_ids):
+        whole = pristine[mi]
+        if whole is not None and mi not in touched:
+            out[member_id] = dict(whole)
+        else:
+            out[member_id] = {topics[ti]: fs for ti, fs in held[mi].items()}
+    return out
+
+
+def _homogeneous(
+    member_ids: list[str],
+    topic_set: frozenset[T],
+    partitions: Mapping[T, int],
+    previous: PreviousAssignment[T],
+) -> Assignment[T]:
+    topics = sort_keys(topic_set)
+    counts = [partitions[t] for t in topics]
+    n = len(member_ids)
+    total = sum(counts)
+    min_quota, extra = divmod(total, n)
+
+    retained: Retained | None = None
+    held: list[dict[int, frozenset[int]]]
+    unclaimed: Sequence[Sequence[int]]
+    if previous:
+        retained = retain_previous(member_ids, None, topics, counts, previous)
+        held, unclaimed, sizes = retained.held, retained.unclaimed, retained.sizes
+    else:
+        held = [{} for _ in member_ids]
+        unclaimed = [range(c) for c in counts]
+        sizes = [0] * n
+    touched: set[int] = set()
+
+    # Quotas: min_quota each, plus one for `extra` members. Members already above the
+    # minimum keep their extra first (in member order), so a balanced target is stable;
+    # any extras left go to the least-filled members, who are being filled anyway.
+    caps = [min_quota] * n
+    if extra:
+        above = [mi for mi, size in enumerate(sizes) if size > min_quota]
+        for mi in above[:extra]:
+            caps[mi] += 1
+        left = extra - min(extra, len(above))
+        if left:
+            rest = [mi for mi, size in enumerate(sizes) if size <= min_quota]
+            if previous:
+                rest.sort(key=sizes.__getitem__)
+            for mi in rest[:left]:
+                caps[mi] += 1
+
+    # Trim members above their quota, keeping their lowest topics and partitions.
+    released: dict[int, list[int]] = {}
+    for mi in [mi for mi, (s, c) in enumerate(zip(sizes, caps, strict=True)) if s > c]:
+        touched.add(mi)
+        mine = held[mi]
+        budget = caps[mi]
+        for ti in sorted(mine):
+            parts = mine[ti]
+            if len(parts) <= budget:
+                budget -= len(parts)
+                continue
+            ordered = sorted(parts)
+            released.setdefault(ti, []).extend(ordered[budget:])
+            if budget:
+                mine[ti] = frozenset(ordered[:budget])
+                budget = 0
+            else:
+                del mine[ti]
+        sizes[mi] = caps[mi]
+
+    # Fill members below their quota from the free partitions, topic by topic.
+    pool: list[tuple[int, Sequence[int]]] = []
+    for ti, free in enumerate(unclaimed):
+        more = released.get(ti)
+        if more:
+            free = sorted(chain(free, more))
+        if free:
+            pool.append((ti, free))
+    chunks = _Chunks()
+    pi = 0
+    offset = 0
+    for mi in [mi for mi, (s, c) in enumerate(zip(sizes, caps, strict=True)) if s < c]:
+        need = caps[mi] - sizes[mi]
+        mine = held[mi]
+        touched.add(mi)
+        while need:
+            ti, free = pool[pi]
+            avail = len(free) - offset
+            if avail <= need:
+                fs = chunks.get(free, offset, len(free))
+                need -= avail
+                pi += 1
+                offset = 0
+            else:
+                fs = chunks.get(free, offset, offset + need)
+                offset += need
+                need = 0
+            old = mine.get(ti) if mine else None
+            mine[ti] = fs if old is None else old | fs
+    return _output(member_ids, topics, held, retained, touched)
+
+
+class _Signatures:
+    """Topics grouped by their exact subscriber set ("signature").
+
+    For each signature the subscribers are kept as *levels*: ascending distinct loads, each
+    with its members by ascending index, i.e. ordered by (load, index) as the least-loaded
+    rule needs. Levels are updated in place when the signature's own topics are filled and
+    rebuilt lazily when a fill of an overlapping signature changed some of its members.
+    """
+
+    __slots__ = ("levels", "members", "overlaps")
+
+    def __init__(self, members: list[list[int]], overlaps: list[list[int]]) -> None:
+        self.members = members
+        self.overlaps = overlaps
+        self.levels: list[list[tuple[int, list[int]]] | None] = [None] * len(members)
+
+    def get_levels(self, sig: int, loads: list[int]) -> list[tuple[int, list[int]]]:
+        levels = self.levels[sig]
+        if levels is None:
+            ordered = sorted(self.members[sig], key=loads.__getitem__)
+            levels = [(load, list(group)) for load, group in groupby(ordered, loads.__getitem__)]
+            self.levels[sig] = levels
+        return levels
+
+    def changed(self, sig: int) -> None:
+        """Loads of members of ``sig`` changed outside its own level bookkeeping."""
+        self.levels[sig] = None
+        for other in self.overlaps[sig]:
+            self.levels[other] = None
+
+
+def _heterogeneous(
+    member_ids: list[str],
+    member_topics: list[frozenset[T]],
+    topic_set: frozenset[T],
+    partitions: Mapping[T, int],
+    previous: PreviousAssignment[T],
+) -> Assignment[T]:
+    topics = sort_keys(topic_set)
+    nt = len(topics)
+    counts = [partitions[t] for t in topics]
+    topic_index = {t: i for i, t in enumerate(topics)}
+
+    # Members with equal subscriptions form a group; topics with the same groups of
+    # subscribers share a signature.
+    groups: dict[frozenset[T], list[int]] = {}
+    for mi, eff in enumerate(member_topics):
+        groups.setdefault(eff, []).append(mi)
+    group_members = list(groups.values())
+    group_topics = [[topic_index[t] for t in eff] for eff in groups]
+    topic_groups: list[list[int]] = [[] for _ in range(nt)]
+    for gi, tis in enumerate(group_topics):
+        for ti in tis:
+            topic_groups[ti].append(gi)
+    sig_ids: dict[tuple[int, ...], int] = {}
+    sig_members: list[list[int]] = []
+    topic_sig: list[int] = []
+    for tg in topic_groups:
+        key = tuple(tg)
+        sig = sig_ids.get(key)
+        if sig is None:
+            sig = sig_ids[key] = len(sig_members)
+            sig_members.append(sorted(chain.from_iterable(group_members[g] for g in tg)))
+        topic_sig.append(sig)
+    group_sigs: list[set[int]] = [{topic_sig[ti] for ti in tis} for tis in group_topics]
+    overlaps: list[list[int]] = []
+    for key, sig in sig_ids.items():
+        near: set[int] = set().union(*(group_sigs[g] for g in key))
+        near.discard(sig)
+        overlaps.append(sorted(near))
+    signatures = _Signatures(sig_members, overlaps)
+
+    retained: Retained | None = None
+    held: list[dict[int, frozenset[int]]]
+    unclaimed: Sequence[Sequence[int]]
+    if previous:
+        masks: list[bytes] = []
+        for tis in group_topics:
+            mask = bytearray(nt)
+            for ti in tis:
+                mask[ti] = 1
+            masks.append(bytes(mask))
+        member_masks: list[bytes] = [b""] * len(member_ids)
+        for gi, mis in enumerate(group_members):
+            for mi in mis:
+                member_masks[mi] = masks[gi]
+        retained = retain_previous(member_ids, member_masks, topics, counts, previous)
+        held, unclaimed, loads = retained.held, retained.unclaimed, retained.sizes
+    else:
+        held = [{} for _ in member_ids]
+        unclaimed = [range(c) for c in counts]
+        loads = [0] * len(member_ids)
+    touched: set[int] = set()
+
+    # Partitions per subscriber descending, then subscriber count, then topic key.
+    order = sorted(
+        range(nt),
+        key=lambda ti: (
+            -counts[ti] / len(sig_members[topic_sig[ti]]),
+            len(sig_members[topic_sig[ti]]),
+            ti,
+        ),
+    )
+
+    chunks = _Chunks()
+    for ti in order:
+        free = unclaimed[ti]
+        if free:
+            sig = topic_sig[ti]
+            # A topic nobody held before cannot be merged into an existing entry.
+            fresh = type(free) is range and len(free) == counts[ti]
+            _fill_least_loaded(ti, free, sig, signatures, loads, held, touched, chunks, fresh)
+
+    _balance(topic_sig, order, signatures, loads, held, touched)
+    return _output(member_ids, topics, held, retained, touched)
+
+
+def _fill_least_loaded(
+    ti: int,
+    free: Sequence[int],
+    sig: int,
+    signatures: _Signatures,
+    loads: list[int],
+    held: list[dict[int, frozenset[int]]],
+    touched: set[int],
+    chunks: _Chunks,
+    fresh: bool,
+) -> None:
+    """Give the ``free`` partitions of topic ``ti``, one at a time, to the least loaded
+    subscriber (ties: lowest member index).
+
+    Done in bulk as water filling: the lowest levels are raised to a common ``level`` and
+    the remainder goes one each to the first of them in (load, index) order. Every
+    receiver gets a contiguous run of ``free``.
+    """
+    k = len(free)
+    levels = signatures.get_levels(sig, loads)
+    cnt = 0
+    total = 0
+    j = 0
+    for load, mis in levels:
+        if cnt and cnt * load - total > k:
+            break
+        cnt += len(mis)
+        total += load * len(mis)
+        j += 1
+    level, rem = divmod(total + k, cnt)
+
+    offset = 0
+    pos = 0
+    at_level: list[int] = []
+    above: list[int] = []
+    for load, mis in levels[:j]:
+        split = min(max(rem - pos, 0), len(mis))
+        pos += len(mis)
+        for seg, target, bucket in (
+            (mis[:split], level + 1, above),
+            (mis[split:], level, at_level),
+        ):
+            if not seg:
+                continue
+            bucket.extend(seg)
+            gain = target - load
+            if gain > 0:
+                fsets = chunks.split(free, offset, gain, len(seg))
+                offset += gain * len(seg)
+                if fresh:
+                    for mi, fs in zip(seg, fsets, strict=True):
+                        held[mi][ti] = fs
+                else:
+                    for mi, fs in zip(seg, fsets, strict=True):
+                        mine = held[mi]
+                        old = mine.get(ti)
+                        mine[ti] = fs if old is None else old | fs
+                for mi in seg:
+                    loads[mi] = target
+                touched.update(seg)
+    # New levels: [level] + [level + 1] + untouched higher levels.
+    rest = levels[j:]
+    new_levels: list[tuple[int, list[int]]] = []
+    if at_level:
+        new_levels.append((level, sorted(at_level)))
+    if rest and rest[0][0] == level + 1:
+        above.extend(rest[0][1])
+        rest = rest[1:]
+    if above:
+        new_levels.append((level + 1, sorted(above)))
+    new_levels.extend(rest)
+    signatures.levels[sig] = new_levels
+    for other in signatures.overlaps[sig]:
+        signatures.levels[other] = None
+
+
+def _balance(
+    topic_sig: list[int],
+    order: list[int],
+    signatures: _Signatures,
+    loads: list[int],
+    held: list[dict[int, frozenset[int]]],
+    touched: set[int],
+) -> None:
+    """Move partitions from the most to the least loaded subscribers of each topic.
+
+    For each topic (in assignment order), while the most loaded subscriber holding one of
+    its partitions has at least two more partitions than the least loaded subscriber, its
+    highest partition of the topic moves over. Passes over the topics repeat until one
+    moves nothing, at most :data:`MAX_BALANCE_PASSES` times.
+    """
+    candidates = [ti for ti in order if len(signatures.members[topic_sig[ti]]) >= 2]
+    if not candidates:
+        return
+    spreads: dict[int, int] = {}
+
+    def spread(sig: int) -> int:
+        value = spreads.get(sig)
+        if value is None:
+            levels = signatures.levels[sig]
+            if levels is not None:
+                value = levels[-1][0] - levels[0][0]
+            else:
+                sub_loads = list(map(loads.__getitem__, signatures.members[sig]))
+                value = max(sub_loads) - min(sub_loads)
+            spreads[sig] = value
+        return value
+
+    # Partitions of (member, topic) pairs touched while balancing, as sorted lists.
+    work: dict[tuple[int, int], list[int]] = {}
+    last_moved = -1
+    for _ in range(MAX_BALANCE_PASSES):
+        for idx, ti in enumerate(candidates):
+            if idx == last_moved:
+                break
+            sig = topic_sig[ti]
+            moved = 0
+            if spread(sig) > 1:
+                moved = _balance_topic(ti, signatures.members[sig], loads, held, work)
+                if moved:
+                    signatures.changed(sig)
+                    spreads.pop(sig, None)
+                    for other in signatures.overlaps[sig]:
+                        spreads.pop(other, None)
+            if moved or last_moved == -1:
+                last_moved = idx
+        else:
+            continue
+        break
+    for (mi, ti), parts in work.items():
+        touched.add(mi)
+        if parts:
+            held[mi][ti] = frozenset(parts)
+        else:
+            held[mi].pop(ti, None)
+
+
+def _balance_topic(
+    ti: int,
+    subs: list[int],
+    loads: list[int],
+    held: list[dict[int, frozenset[int]]],
+    work: dict[tuple[int, int], list[int]],
+) -> int:
+    """Rebalance one topic's subscribers; returns the number of partitions moved."""
+
+    def holding(mi: int) -> Collection[int]:
+        parts = work.get((mi, ti))
+        if parts is not None:
+            return parts
+        return held[mi].get(ti, ())
+
+    # Min-heap of (load, index) for receivers; max-heap of (-load, -index) for donors.
+    # Entries go stale when loads change; a fresh entry is pushed on every change.
+    receivers = [(loads[mi], mi) for mi in subs]
+    heapify(receivers)
+    donors = [(-loads[mi], -mi) for mi in subs if holding(mi)]
+    heapify(donors)
+    moved = 0
+    while donors:
+        neg_load, neg_mi = donors[0]
+        x = -neg_mi
+        if -neg_load != loads[x] or not holding(x):
+            heappop(donors)
+            continue
+        while receivers[0][0] != loads[receivers[0][1]]:
+            heappop(receivers)
+        y = receivers[0][1]
+        if loads[x] - loads[y] <= 1:
+            break
+        src = work.get((x, ti))
+        if src is None:
+            src = work[(x, ti)] = sorted(held[x][ti])
+        dst = work.get((y, ti))
+        if dst is None:
+            dst = work[(y, ti)] = sorted(held[y].get(ti, ()))
+        insort(dst, src.pop())
+        loads[x] -= 1
+        loads[y] += 1
+        moved += 1
+        heappush(receivers, (loads[x], x))
+        heappush(receivers, (loads[y], y))
+        if src:
+            heappush(donors, (-loads[x], -x))
+        heappush(donors, (-loads[y], -y))
+    return moved
