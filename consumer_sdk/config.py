@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from consumer_sdk.errors import ConfigError
 from consumer_sdk.protocol.security import ConnectionSettings, parse_bootstrap_servers
 
-__all__ = ["FORBIDDEN_KEYS", "FETCHER_KEYS", "ConsumerConfig"]
+__all__ = ["FETCHER_KEYS", "FORBIDDEN_KEYS", "ConsumerConfig"]
 
 #: Keys the consumer group protocol moved to the broker; rejected like librdkafka does.
 FORBIDDEN_KEYS: dict[str, str] = {

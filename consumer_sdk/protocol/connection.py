@@ -32,7 +32,7 @@ from kio.schema.sasl_handshake.v1.request import SaslHandshakeRequest
 from kio.schema.sasl_handshake.v1.response import SaslHandshakeResponse
 from kio.static.protocol import RequestPayload, ResponsePayload
 
-from consumer_sdk import __version__
+from consumer_sdk._version import __version__
 from consumer_sdk.error_codes import ErrorCode
 from consumer_sdk.errors import (
     BrokerResponseError,

@@ -111,11 +111,14 @@ class Fetcher:
     def _accept(self, msg: Message) -> bool:
         if msg.error() is not None:
             return True
-        key = (msg.topic(), msg.partition())
+        topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
+        if topic is None or partition is None or offset is None:
+            return True
+        key = (topic, partition)
         with self._lock:
             if key not in self._fetchable:
                 return False
-            self._positions[key] = msg.offset() + 1
+            self._positions[key] = offset + 1
             epoch = msg.leader_epoch()
             if epoch is not None:
                 self._leader_epochs[key] = epoch

@@ -1,0 +1,128 @@
+"""``Consumer``: a KIP-848 group member with a confluent-kafka data plane."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from confluent_kafka import Message, TopicPartition
+
+from consumer_sdk.runtime.fetcher import Fetcher
+from consumer_sdk.runtime.group_member import GroupMember, Partition
+from consumer_sdk.runtime.offsets import OffsetAndMetadata
+
+__all__ = ["Consumer"]
+
+_FETCH_SLICE_S = 0.05
+
+
+class Consumer(GroupMember):
+    """A drop-in familiar consumer: ``subscribe``, ``poll``/``consume``, ``commit``, ``close``.
+
+    Membership is this SDK's KIP-848 core; records come from a ``confluent_kafka.Consumer``
+    in assign-only mode that follows the reconciled assignment. Revoked partitions are
+    unassigned from the fetcher, and their buffered records dropped, before ``on_revoke``
+    returns; assigned partitions start at the group's committed offset, else
+    ``auto.offset.reset``.
+    """
+
+    def __init__(self, config: Mapping[str, Any]) -> None:
+        super().__init__(config)
+        try:
+            self._fetcher = Fetcher(self._config.fetcher_config())
+        except BaseException:
+            super().close(timeout=1.0)
+            raise
+        self._store_lock = threading.Lock()
+
+    # -- records ----------------------------------------------------------------------------
+
+    def poll(self, timeout: float | None = None) -> Message | None:
+        """One record (or error event) within ``timeout`` seconds, else None.
+
+        Rebalance callbacks run here; their exceptions and the member's errors are raised.
+        """
+        self._ensure_usable()
+        deadline = time.monotonic() + (0.0 if timeout is None or timeout < 0 else timeout)
+        self._post_poll()
+        while True:
+            self._dispatch_background_events()
+            remaining = deadline - time.monotonic()
+            msg = self._fetcher.poll(max(min(remaining, _FETCH_SLICE_S), 0))
+            if msg is not None:
+                return msg
+            if time.monotonic() >= deadline:
+                return None
+            self._post_poll()
+
+    def consume(self, num_messages: int = 1, timeout: float | None = None) -> list[Message]:
+        """Up to ``num_messages`` records within ``timeout`` seconds."""
+        self._ensure_usable()
+        if num_messages < 1:
+            raise ValueError(f"num_messages must be >= 1, got {num_messages}")
+        deadline = time.monotonic() + (0.0 if timeout is None or timeout < 0 else timeout)
+        self._post_poll()
+        while True:
+            self._dispatch_background_events()
+            remaining = deadline - time.monotonic()
+            msgs = self._fetcher.consume(num_messages, max(min(remaining, _FETCH_SLICE_S), 0))
+            if msgs or time.monotonic() >= deadline:
+                return msgs
+            self._post_poll()
+
+    def position(self, partitions: Sequence[TopicPartition]) -> list[TopicPartition]:
+        """Next offset to be returned per partition (OFFSET_INVALID if unknown)."""
+        positions = self._fetcher.positions()
+        return [
+            TopicPartition(tp.topic, tp.partition, positions.get((tp.topic, tp.partition), -1001))
+            for tp in partitions
+        ]
+
+    def pause(self, partitions: Sequence[TopicPartition]) -> None:
+        self._fetcher.pause((tp.topic, tp.partition) for tp in partitions)
+
+    def resume(self, partitions: Sequence[TopicPartition]) -> None:
+        self._fetcher.resume((tp.topic, tp.partition) for tp in partitions)
+
+    # -- data-plane hooks --------------------------------------------------------------------
+
+    def _consumed_offsets(self) -> dict[Partition, OffsetAndMetadata]:
+        offsets = {
+            p: OffsetAndMetadata(o, self._fetcher.leader_epoch(p))
+            for p, o in self._fetcher.positions().items()
+        }
+        offsets.update(self._revoking)
+        return offsets
+
+    def _before_revoke(self, parts: list[Partition], lost: bool = False) -> None:
+        if not parts:
+            return
+        self._fetcher.fence(parts)
+        if not lost:
+            # Positions stay committable from inside on_revoke (revoke-time commits).
+            positions = self._fetcher.positions()
+            self._revoking = {
+                p: OffsetAndMetadata(positions[p], self._fetcher.leader_epoch(p))
+                for p in parts
+                if p in positions
+            }
+        self._fetcher.unassign(parts)
+
+    def _before_assign(self, parts: list[Partition]) -> dict[Partition, int | None]:
+        if not parts:
+            return {}
+        epoch = self.member_epoch
+        committed = self._offsets.fetch(
+            parts, self.member_id, epoch if epoch > 0 else -1, self._request_timeout() * 5
+        )
+        return {p: (o.offset if o is not None else None) for p, o in committed.items()}
+
+    def _after_assign(self, starts: dict[Partition, int | None]) -> None:
+        self._fetcher.assign(starts)
+
+    def _close_data_plane(self, timeout: float) -> None:
+        closer = threading.Thread(target=self._fetcher.close, daemon=True)
+        closer.start()
+        closer.join(timeout)
