@@ -1,0 +1,275 @@
+"""Heartbeat timing: interval, immediate heartbeats, in-flight rule, backoff (reference §3)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from consumer_sdk.error_codes import ErrorCode
+from consumer_sdk.membership import FailureKind, MemberState
+from consumer_sdk.membership.heartbeat import Backoff, HeartbeatTiming
+
+from .harness import INTERVAL, T1, Driver, cfg, err, ok, stable
+
+S = MemberState
+
+
+def test_no_heartbeat_before_subscribe_and_poll() -> None:
+    d = Driver()
+    assert d.hb() is None
+    d.subscribe("t1")
+    assert d.state is S.UNSUBSCRIBED
+    assert d.hb() is None  # subscribe alone does not join: the next poll() does
+    d.app_poll()
+    assert d.state is S.JOINING
+    assert d.core.time_until_next_poll(d.now) == 0
+
+
+def test_heartbeat_on_startup_is_immediate() -> None:
+    d = Driver()
+    req = d.join("t1")
+    assert req.member_epoch == 0
+
+
+def test_heartbeat_not_sent_while_another_is_in_flight() -> None:
+    d = Driver()
+    d.join("t1")
+    d.advance(60_000)
+    assert d.hb() is None  # JOINING is immediate, but the join is still in flight
+    d.respond(ok(1))
+    assert d.core.in_flight_heartbeats == 0
+
+
+def test_interval_comes_from_the_broker() -> None:
+    d = stable()
+    d.advance(INTERVAL - 1)
+    assert d.hb() is None
+    assert d.core.time_until_next_poll(d.now) == 1
+    d.advance(1)
+    req = d.must_hb()
+    assert req.member_epoch == 1
+    d.advance(10)
+    d.respond(ok(1, interval=7000))
+    assert d.core.heartbeat_interval_ms == 7000
+    # A changed interval restarts the timer from the response.
+    d.advance(6999)
+    assert d.hb() is None
+    d.advance(1)
+    assert d.hb() is not None
+
+
+def test_unchanged_interval_keeps_counting_from_the_send() -> None:
+    d = stable()
+    d.advance(INTERVAL)
+    d.must_hb()
+    d.advance(1000)
+    d.respond(ok(1))
+    d.advance(INTERVAL - 1000)
+    assert d.hb() is not None
+
+
+def test_acknowledging_heartbeats_immediately() -> None:
+    d = Driver()
+    d.metadata()
+    d.join("t1")
+    d.respond(ok(1, {T1: [0]}))
+    d.app_poll()
+    d.run_callbacks()
+    assert d.state is S.ACKNOWLEDGING
+    assert d.core.time_until_next_poll(d.now) == 0
+    ack = d.must_hb()  # no need to wait for the interval
+    assert ack.topic_partitions is not None
+
+
+def test_skipping_heartbeat_when_unsubscribed() -> None:
+    d = Driver()
+    assert d.state is S.UNSUBSCRIBED
+    assert d.hb() is None
+    assert d.core.time_until_next_poll(d.now) > 0
+
+
+@pytest.mark.parametrize("state", [S.FENCED, S.STALE, S.FATAL])
+def test_no_heartbeat_in_skip_states(state: MemberState) -> None:
+    from .harness import drive_to
+
+    d = drive_to(state)
+    d.advance(60_000)
+    assert d.hb() is None
+    assert d.core.time_until_next_poll(d.now) >= 1000
+
+
+def test_no_coordinator_means_no_heartbeat_and_no_spin() -> None:
+    d = Driver()
+    d.core.on_coordinator_unknown(d.now)
+    d.subscribe("t1")
+    d.app_poll()
+    assert d.core.coordinator_needed
+    assert d.hb() is None
+    assert d.core.time_until_next_poll(d.now) >= 1000  # does not spin
+    d.core.on_coordinator_known(d.now)
+    assert not d.core.coordinator_needed
+    assert d.hb() is not None
+
+
+def test_coordinator_not_needed_when_not_in_group() -> None:
+    d = Driver()
+    d.core.on_coordinator_unknown(d.now)
+    assert not d.core.coordinator_needed
+
+
+def test_backoff_values_grow_exponentially_with_jitter_and_cap() -> None:
+    rng = random.Random(7)
+    backoff = Backoff(100, 1000, 0.2, rng)
+    for attempts, nominal in [(0, 100), (1, 200), (2, 400), (3, 800)]:
+        for _ in range(50):
+            value = backoff.backoff_ms(attempts)
+            assert nominal * 0.8 - 1 <= value <= nominal * 1.2
+    for attempts in (4, 5, 10, 100):
+        for _ in range(50):
+            assert 800 <= backoff.backoff_ms(attempts) <= 1000
+    no_jitter = Backoff(100, 1000, 0.0, rng)
+    assert [no_jitter.backoff_ms(n) for n in range(6)] == [100, 200, 400, 800, 1000, 1000]
+
+
+def test_backoff_is_deterministic_for_a_seed() -> None:
+    a = Backoff(100, 1000, 0.2, random.Random(3))
+    b = Backoff(100, 1000, 0.2, random.Random(3))
+    assert [a.backoff_ms(n) for n in range(8)] == [b.backoff_ms(n) for n in range(8)]
+
+
+def test_timing_reset_skips_backoff() -> None:
+    timing = HeartbeatTiming(Backoff(100, 1000, 0.0, random.Random(0)))
+    timing.on_failure(0)
+    assert timing.backoff_remaining(0) == 100
+    timing.reset()
+    assert timing.backoff_remaining(0) == 0
+    assert timing.interval_remaining(0) == 0
+
+
+def _retry_delay(d: Driver) -> int:
+    """Advance 1 ms at a time until a heartbeat goes; return the wait."""
+    start = d.now
+    while d.hb() is None:
+        d.advance(1)
+        assert d.now - start < 5000
+    return d.now - start
+
+
+def test_retriable_failures_back_off_exponentially_and_reset_on_success() -> None:
+    d = stable(retry_backoff_jitter=0.0)
+    d.advance(INTERVAL)
+    d.must_hb()
+    delays = []
+    for _ in range(6):
+        d.fail(FailureKind.TIMEOUT)
+        delays.append(_retry_delay(d))
+    assert delays == [100, 200, 400, 800, 1000, 1000]
+    d.respond(ok(1))
+    # After a success the interval applies again, and the backoff starts over.
+    d.advance(INTERVAL)
+    d.must_hb()
+    d.fail(FailureKind.TIMEOUT)
+    assert _retry_delay(d) == 100
+
+
+def test_error_responses_back_off() -> None:
+    d = stable(retry_backoff_jitter=0.0)
+    d.advance(INTERVAL)
+    d.must_hb()
+    d.respond(err(ErrorCode.COORDINATOR_LOAD_IN_PROGRESS))
+    assert d.state is S.STABLE
+    assert d.core.time_until_next_poll(d.now) == 100
+    assert _retry_delay(d) == 100
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        ErrorCode.NOT_COORDINATOR,
+        ErrorCode.COORDINATOR_NOT_AVAILABLE,
+        ErrorCode.FENCED_MEMBER_EPOCH,
+        ErrorCode.UNKNOWN_MEMBER_ID,
+    ],
+)
+def test_backoff_skipped_after_coordinator_and_fencing_errors(code: ErrorCode) -> None:
+    d = stable({T1: []}, retry_backoff_jitter=0.0)  # nothing owned: fencing rejoins at once
+    for _ in range(3):  # build up a backoff first
+        d.advance(INTERVAL)
+        d.must_hb()
+        d.fail(FailureKind.TIMEOUT)
+        _retry_delay(d)
+        d.respond(ok(1))
+    d.advance(INTERVAL)
+    d.must_hb()
+    d.respond(err(code))
+    if code in (ErrorCode.NOT_COORDINATOR, ErrorCode.COORDINATOR_NOT_AVAILABLE):
+        assert d.core.coordinator_needed
+        assert d.hb() is None
+        d.core.on_coordinator_known(d.now)
+    else:
+        assert d.state is S.JOINING
+    assert d.core.time_until_next_poll(d.now) == 0
+    req = d.must_hb()  # right away, no backoff
+    assert req.rebalance_timeout_ms != -1  # and full
+
+
+def test_disconnect_marks_coordinator_unknown_timeout_does_not() -> None:
+    d = stable()
+    d.advance(INTERVAL)
+    d.must_hb()
+    d.fail(FailureKind.TIMEOUT)
+    assert d.core.coordinator_known
+    d.advance(1000)
+    d.must_hb()
+    d.fail(FailureKind.DISCONNECTED)
+    assert not d.core.coordinator_known
+    assert d.core.coordinator_needed
+    assert d.state is S.STABLE
+
+
+def test_joining_retries_after_backoff_not_in_a_tight_loop() -> None:
+    d = Driver(cfg(retry_backoff_jitter=0.0))
+    d.join("t1")
+    d.respond(err(ErrorCode.COORDINATOR_LOAD_IN_PROGRESS))
+    assert d.state is S.JOINING
+    assert d.hb() is None
+    assert d.core.time_until_next_poll(d.now) == 100
+    d.advance(100)
+    assert d.must_hb().member_epoch == 0
+
+
+def test_time_until_next_poll_is_bounded_by_half_the_poll_timer() -> None:
+    d = stable(rebalance_timeout_ms=4000)
+    d.app_poll()
+    # interval (5000) is longer than half the remaining poll timer (2000)
+    assert d.core.time_until_next_poll(d.now) == 2000
+    d.advance(3999)
+    assert d.core.time_until_next_poll(d.now) == 1
+    d.advance(1)
+    assert d.core.time_until_next_poll(d.now) == 0
+
+
+def test_time_until_next_poll_while_in_flight_waits_for_the_response() -> None:
+    d = stable()
+    d.advance(INTERVAL)
+    d.must_hb()
+    assert d.core.time_until_next_poll(d.now) > 0
+
+
+def test_queued_application_events_make_poll_due() -> None:
+    from consumer_sdk.membership import Subscribe
+
+    d = Driver()
+    d.core.submit(Subscribe(("t1",)))
+    assert d.core.time_until_next_poll(d.now) == 0
+    d.core.poll(d.now)
+    assert d.core.app_events == type(d.core.app_events)()
+
+
+def test_response_without_request_is_ignored() -> None:
+    d = stable()
+    d.respond(ok(7, {T1: [5]}))
+    d.fail(FailureKind.TIMEOUT)
+    assert d.state is S.STABLE
+    assert d.core.member_epoch == 1
