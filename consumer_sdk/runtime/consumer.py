@@ -111,6 +111,11 @@ class Consumer(GroupMember):
         self._fetcher.unassign(parts)
 
     def _before_assign(self, parts: list[Partition]) -> dict[Partition, int | None]:
+        # Also pick up partitions whose earlier ASSIGNED callback failed: the core retries
+        # with only the newly added ones, but the fetcher must start every owned partition.
+        with self._core_lock:
+            owned = set(self._core.assigned_partitions)
+        parts = sorted(set(parts) | (owned - self._fetcher.assigned()))
         if not parts:
             return {}
         epoch = self.member_epoch
