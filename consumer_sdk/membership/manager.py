@@ -151,8 +151,8 @@ class MembershipManager:
 
     @property
     def generation(self) -> int:
-        """Bumped whenever the member joins, leaves or is fenced: a heartbeat sent in an older
-        generation gets its response ignored (it describes a membership that is over)."""
+        """Bumped whenever the member (re)joins: the answer to a heartbeat sent before that
+        describes a membership that is over, and is ignored."""
         return self._generation
 
     @property
@@ -451,7 +451,6 @@ class MembershipManager:
             return
         self._to(S.FENCED, name)
         self._set_epoch(JOIN_EPOCH)
-        self._generation += 1
         self._release(CallbackKind.LOST, _Purpose.FENCED_LOST)
 
     def transition_to_fatal(self, now_ms: int, code: int, message: str) -> bool:
@@ -488,7 +487,6 @@ class MembershipManager:
         epoch = self.leave_epoch(due_to_poll_timer)
         self._set_epoch(LEAVE_EPOCH if epoch is None else epoch)
         self._rec.current = NO_ASSIGNMENT
-        self._generation += 1
         self._to(S.LEAVING, "sending leave heartbeat" if epoch is not None else "leaving")
 
     # ------------------------------------------------------------------------------------------

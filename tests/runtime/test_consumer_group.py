@@ -118,8 +118,8 @@ def test_fencing_loses_partitions_then_rejoins_with_the_same_member_id(
         for code in (110, 25):  # FENCED_MEMBER_EPOCH, UNKNOWN_MEMBER_ID
             lost_before, assigns_before = member.lost_count, member.assign_count
             embedded_kafka.push_request_errors(68, [code])
-            wait_for(lambda: member.lost_count > lost_before, what=f"on_lost after {code}")
-            wait_for(lambda: member.assign_count > assigns_before and len(member.owned) == 2,
+            wait_for(lambda n=lost_before: member.lost_count > n, what=f"on_lost after {code}")
+            wait_for(lambda n=assigns_before: member.assign_count > n and len(member.owned) == 2,
                      what="rejoin and reassignment")  # fmt: skip
             assert member.consumer.member_id == member_id
             assert member.consumer.member_epoch > 0
