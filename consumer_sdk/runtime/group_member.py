@@ -115,6 +115,7 @@ class GroupMember:
         self._coordinator_failures = 0
         self._last_auto_commit = time.monotonic()
         self._revoking: dict[Partition, OffsetAndMetadata] = {}
+        self._prefetch_topics: list[str] = []
         self._thread = threading.Thread(
             target=self._run, name=f"consumer-sdk-heartbeat[{c.group_id}]", daemon=True
         )
@@ -188,6 +189,8 @@ class GroupMember:
                 raise ValueError("subscribe() needs at least one non-empty topic name")
             names = tuple(dict.fromkeys(topics))
         self._on_assign, self._on_revoke, self._on_lost = on_assign, on_revoke, on_lost
+        # Learn the topic ids up front, so the first assignment resolves at once.
+        self._prefetch_topics = list(names)
         self._core.submit(Subscribe(topics=names, pattern=pattern, has_listener=True))
         self._wake()
 
@@ -499,6 +502,12 @@ class GroupMember:
             self._wake()
 
     def _loop_once(self) -> float:
+        if self._prefetch_topics:
+            topics, self._prefetch_topics = self._prefetch_topics, []
+            with contextlib.suppress(Exception):
+                self._client.metadata(topics, self._request_timeout())
+                with self._core_lock:
+                    self._core.on_metadata(_now_ms(), self._client.topic_names())
         now = _now_ms()
         with self._core_lock:
             if self._core.coordinator_needed and time.monotonic() >= self._coordinator_retry_at:
