@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import uuid
+
 import pytest
 
 from consumer_sdk.coordinator import (
@@ -24,7 +26,7 @@ def make(topics: dict[str, int] | None = None, **config: object) -> GroupCoordin
     return GroupCoordinator(CoordinatorConfig(**config), topics or {"t": 4})  # type: ignore[arg-type]
 
 
-def tp(c: GroupCoordinator, topic: str, *ps: int) -> frozenset[tuple[object, int]]:
+def tp(c: GroupCoordinator, topic: str, *ps: int) -> frozenset[tuple[uuid.UUID, int]]:
     tid = c.topics.topic_id(topic)
     assert tid is not None
     return frozenset((tid, p) for p in ps)
