@@ -1,0 +1,393 @@
+"""Benchmark the server-side assignors on the grid of Kafka's JMH ``ServerSideAssignorBenchmark``.
+
+Not a test. Run from the repository root::
+
+    python -m bench.assignors            # full grid, writes docs/assignors-bench.md
+    python -m bench.assignors --quick    # small subset for CI, well under a minute
+
+Inputs follow the JMH setup (``ServerSideAssignorBenchmark`` / ``AssignorBenchmarkUtils``):
+``topicCount`` topics with ``memberCount * ratio // topicCount`` partitions each, keyed by
+random ``uuid.UUID`` topic ids; members ``member0..``. HOMOGENEOUS: everyone subscribes to
+every topic. HETEROGENEOUS: ``min(5, members)`` buckets; bucket ``b`` holds the ``b``-th
+contiguous slice of ``ceil(members / buckets)`` members, subscribed to the ``b``-th
+contiguous slice of ``ceil(topics / buckets)`` topics. Members of a bucket share one
+frozenset of topic ids. INCREMENTAL: the target computed for ``memberCount - 1`` members is
+the previous assignment and ``newMember`` joins (with member ``memberCount - 2``'s
+subscription when heterogeneous); only the final ``assign`` is timed. Rack awareness is
+not benchmarked (``isRackAware=false``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import math
+import os
+import platform
+import random
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from consumer_sdk.assignors import Assignment, Subscription, get_assignor
+
+MEMBER_COUNTS = (100, 500, 1000, 5000, 10000)
+RATIOS = (5, 10, 50)
+TOPIC_COUNTS = (10, 100, 1000)
+SUBSCRIPTIONS = ("HOMOGENEOUS", "HETEROGENEOUS")
+ASSIGNOR_TYPES = ("RANGE", "UNIFORM")
+ASSIGNMENT_TYPES = ("FULL", "INCREMENTAL")
+MAX_BUCKET_COUNT = 5
+
+# Published JMH results (ms/op), from docs of apache/kafka PRs quoted in the KIP-848
+# reference, section 10. Key: (assignor, subscription, assignment, members, ratio, topics).
+# Where a case was published twice, the most recent figure is used.
+JAVA_MS: dict[tuple[str, str, str, int, int, int], float] = {
+    # uniform heterogeneous, KAFKA-17710 (#17385), "after"
+    ("UNIFORM", "HETEROGENEOUS", "FULL", 100, 5, 10): 0.059,
+    ("UNIFORM", "HETEROGENEOUS", "FULL", 100, 10, 10): 0.076,
+    ("UNIFORM", "HETEROGENEOUS", "FULL", 5000, 50, 10): 15.3,
+    ("UNIFORM", "HETEROGENEOUS", "FULL", 5000, 50, 1000): 122.0,
+    ("UNIFORM", "HETEROGENEOUS", "FULL", 10000, 5, 10): 5.8,
+    ("UNIFORM", "HETEROGENEOUS", "FULL", 10000, 5, 1000): 203.0,
+    ("UNIFORM", "HETEROGENEOUS", "FULL", 10000, 10, 10): 8.9,
+    # uniform homogeneous, KAFKA-18688 (#19677), "after"
+    ("UNIFORM", "HOMOGENEOUS", "FULL", 100, 5, 10): 0.020,
+    ("UNIFORM", "HOMOGENEOUS", "FULL", 10000, 10, 10): 2.60,
+    ("UNIFORM", "HOMOGENEOUS", "FULL", 10000, 50, 10): 13.9,
+    ("UNIFORM", "HOMOGENEOUS", "FULL", 10000, 50, 1000): 14.6,
+    ("UNIFORM", "HOMOGENEOUS", "INCREMENTAL", 100, 5, 10): 0.010,
+    # uniform homogeneous (#17133)
+    ("UNIFORM", "HOMOGENEOUS", "FULL", 5000, 10, 1000): 1.71,
+    ("UNIFORM", "HOMOGENEOUS", "FULL", 5000, 50, 1000): 7.49,
+    ("UNIFORM", "HOMOGENEOUS", "FULL", 10000, 10, 1000): 4.31,
+    # range, in #19677
+    ("RANGE", "HOMOGENEOUS", "FULL", 10000, 50, 1000): 26.2,
+    ("RANGE", "HETEROGENEOUS", "FULL", 10000, 50, 1000): 124.0,
+    ("RANGE", "HOMOGENEOUS", "INCREMENTAL", 10000, 50, 1000): 24.4,
+    ("RANGE", "HETEROGENEOUS", "INCREMENTAL", 10000, 50, 1000): 114.9,
+}
+
+GOALS = (
+    ("UNIFORM", "HOMOGENEOUS", "FULL", 10000, 50, 1000),
+    ("UNIFORM", "HETEROGENEOUS", "FULL", 5000, 50, 1000),
+)
+
+QUICK_GRID = (
+    # (members, ratio, topics): every assignor/subscription/assignment combination
+    (100, 5, 10),
+    (100, 10, 10),
+    (1000, 10, 100),
+)
+"""``--quick`` runs these, plus the :data:`GOALS` cases."""
+
+
+@dataclass(frozen=True, slots=True)
+class Case:
+    assignor: str
+    subscription: str
+    assignment: str
+    members: int
+    ratio: int
+    topics: int
+
+    @property
+    def key(self) -> tuple[str, str, str, int, int, int]:
+        return (
+            self.assignor,
+            self.subscription,
+            self.assignment,
+            self.members,
+            self.ratio,
+            self.topics,
+        )
+
+    @property
+    def partitions_per_topic(self) -> int:
+        return self.members * self.ratio // self.topics
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    case: Case
+    ms: float  # median
+    best: float
+    runs: int
+
+
+def cases(quick: bool) -> Iterator[Case]:
+    grid = (
+        QUICK_GRID
+        if quick
+        else [(m, r, t) for m in MEMBER_COUNTS for r in RATIOS for t in TOPIC_COUNTS]
+    )
+    for members, ratio, topics in grid:
+        if members * ratio // topics < 1:
+            continue
+        for subscription in SUBSCRIPTIONS:
+            for assignor in ASSIGNOR_TYPES:
+                for assignment in ASSIGNMENT_TYPES:
+                    yield Case(assignor, subscription, assignment, members, ratio, topics)
+    if quick:
+        for key in GOALS:
+            yield Case(*key)
+
+
+def build_inputs(
+    case: Case,
+) -> tuple[dict[str, Subscription[uuid.UUID]], dict[uuid.UUID, int], Assignment[uuid.UUID]]:
+    """Members, partition counts and previous target for ``case`` (see module doc)."""
+    rng = random.Random(f"{case.members}/{case.ratio}/{case.topics}")
+    topic_ids = [uuid.UUID(int=rng.getrandbits(128), version=4) for _ in range(case.topics)]
+    partitions = dict.fromkeys(topic_ids, case.partitions_per_topic)
+    incremental = case.assignment == "INCREMENTAL"
+    count = case.members - 1 if incremental else case.members
+    members: dict[str, Subscription[uuid.UUID]] = {}
+    if case.subscription == "HOMOGENEOUS":
+        everything = Subscription(frozenset(topic_ids))
+        for i in range(count):
+            members[f"member{i}"] = everything
+    else:
+        buckets = min(MAX_BUCKET_COUNT, count)
+        topics_per_bucket = math.ceil(case.topics / buckets)
+        members_per_bucket = math.ceil(count / buckets)
+        for b in range(buckets):
+            sub = Subscription(
+                frozenset(topic_ids[b * topics_per_bucket : (b + 1) * topics_per_bucket])
+            )
+            for i in range(b * members_per_bucket, min((b + 1) * members_per_bucket, count)):
+                members[f"member{i}"] = sub
+    previous: Assignment[uuid.UUID] = {}
+    if incremental:
+        previous = get_assignor(case.assignor.lower()).assign(members, partitions)
+        if case.subscription == "HETEROGENEOUS":
+            joiner = members[f"member{case.members - 2}"]
+        else:
+            joiner = Subscription(frozenset(topic_ids))
+        members["newMember"] = joiner
+    return members, partitions, previous
+
+
+def run_case(case: Case, budget_s: float, max_runs: int) -> Result:
+    """Time ``case`` in this process: one warm-up run, then at least 3 timed runs."""
+    members, partitions, previous = build_inputs(case)
+    assignor = get_assignor(case.assignor.lower())
+    expected = len(partitions) * case.partitions_per_topic
+    times: list[float] = []
+    gc.collect()
+    gc.disable()
+    try:
+        start = time.perf_counter()
+        target = assignor.assign(members, partitions, previous)  # warm-up
+        elapsed = time.perf_counter() - start
+        assigned = sum(len(p) for topics in target.values() for p in topics.values())
+        if assigned != expected:
+            raise AssertionError(f"{_label(case)}: {assigned} partitions assigned, not {expected}")
+        del target
+        gc.collect()
+        runs = max(3, min(max_runs, int(budget_s / max(elapsed, 1e-6))))
+        for _ in range(runs):
+            start = time.perf_counter()
+            assignor.assign(members, partitions, previous)
+            times.append(time.perf_counter() - start)
+            gc.collect()
+    finally:
+        gc.enable()
+    return Result(case, statistics.median(times) * 1e3, min(times) * 1e3, len(times))
+
+
+def run_case_forked(case: Case, budget_s: float, max_runs: int) -> Result:
+    """Time ``case`` in a fresh interpreter, like JMH's fork per benchmark, so that heap
+    state left by earlier (larger) cases does not skew it."""
+    spec = "/".join(map(str, case.key))
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench.assignors",
+            "--run-case",
+            spec,
+            "--budget",
+            str(budget_s),
+            "--max-runs",
+            str(max_runs),
+        ],
+        cwd=Path(__file__).resolve().parent.parent,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"{spec} failed:\n{proc.stdout}{proc.stderr}")
+    data = json.loads(proc.stdout.strip().splitlines()[-1])
+    return Result(case, data["ms"], data["best"], data["runs"])
+
+
+def _parse_case(spec: str) -> Case:
+    assignor, subscription, assignment, members, ratio, topics = spec.split("/")
+    return Case(assignor, subscription, assignment, int(members), int(ratio), int(topics))
+
+
+def _fmt_ms(ms: float) -> str:
+    if ms >= 100:
+        return f"{ms:.0f}"
+    if ms >= 10:
+        return f"{ms:.1f}"
+    if ms >= 1:
+        return f"{ms:.2f}"
+    return f"{ms:.3f}"
+
+
+def render(results: list[Result], quick: bool, wall_s: float, budget_s: float) -> str:
+    command = "python -m bench.assignors" + (" --quick" if quick else "")
+    lines = [
+        "# Assignor benchmark",
+        "",
+        f"Generated by `{command}` (see `bench/assignors.py` and [assignors.md](assignors.md)).",
+        "The inputs reproduce the grid of apache/kafka's JMH `ServerSideAssignorBenchmark`",
+        "(rack awareness off). Each case runs in a fresh interpreter, like JMH's fork: one",
+        f"warm-up run, then timed runs for about {budget_s:g} s (at least 3), with the garbage",
+        "collector off while timing. *ms/op* is the median and *best* the fastest run.",
+        "*Java* is the published JMH figure where one exists (KIP-848 reference, section 10;",
+        "measured by the PR authors on their machines), and *ratio* = ours / Java.",
+        "",
+        f"- Machine: {platform.machine()}, {os.cpu_count()} CPUs, {_cpu_model()}",
+        f"- Python: {platform.python_implementation()} {platform.python_version()}"
+        f" ({platform.system()} {platform.release()})",
+        f"- Cases: {len(results)}, wall time {wall_s:.0f} s",
+        "",
+    ]
+    goal = [r for r in results if r.case.key in GOALS]
+    if goal:
+        lines += [
+            "## Goal cases",
+            "",
+            "| case | ours ms/op | Java ms/op | ratio |",
+            "|---|---:|---:|---:|",
+        ]
+        for r in goal:
+            java = JAVA_MS[r.case.key]
+            lines.append(f"| {_label(r.case)} | {_fmt_ms(r.ms)} | {java:g} | {r.ms / java:.2f}x |")
+        lines.append("")
+    compared = [r for r in results if r.case.key in JAVA_MS]
+    if compared:
+        lines += [
+            "## Cases with a published Java figure",
+            "",
+            "| case | ours ms/op | Java ms/op | ratio |",
+            "|---|---:|---:|---:|",
+        ]
+        for r in compared:
+            java = JAVA_MS[r.case.key]
+            lines.append(f"| {_label(r.case)} | {_fmt_ms(r.ms)} | {java:g} | {r.ms / java:.2f}x |")
+        ratios = [r.ms / JAVA_MS[r.case.key] for r in compared]
+        lines += [
+            "",
+            f"Ratio range {min(ratios):.2f}x to {max(ratios):.2f}x, geometric mean"
+            f" {statistics.geometric_mean(ratios):.2f}x over {len(compared)} cases.",
+            "",
+        ]
+    lines += [
+        "## All cases",
+        "",
+        "| assignor | subscription | assignment | members | ratio | topics | partitions |"
+        " ms/op | best | runs | Java | ratio |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in results:
+        c = r.case
+        published = JAVA_MS.get(c.key)
+        java_cols = f"{published:g} | {r.ms / published:.2f}x" if published is not None else " | "
+        lines.append(
+            f"| {c.assignor.lower()} | {c.subscription.lower()} | {c.assignment.lower()} |"
+            f" {c.members} | {c.ratio} | {c.topics} | {c.partitions_per_topic * c.topics} |"
+            f" {_fmt_ms(r.ms)} | {_fmt_ms(r.best)} | {r.runs} | {java_cols} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _label(case: Case) -> str:
+    return (
+        f"{case.assignor.lower()} {case.subscription.lower()} {case.assignment.lower()}"
+        f" {case.members}/{case.ratio}/{case.topics}"
+    )
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="small subset (for CI)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path("docs/assignors-bench.md"),
+        help="markdown file to write (default: docs/assignors-bench.md)",
+    )
+    parser.add_argument(
+        "--budget",
+        type=float,
+        default=None,
+        help="seconds of timed runs per case (default 0.5, or 0.05 with --quick)",
+    )
+    parser.add_argument("--max-runs", type=int, default=25, help="cap on timed runs per case")
+    parser.add_argument(
+        "--only",
+        default="",
+        help="comma-separated tokens that must all match a field of the case,"
+        " e.g. UNIFORM,FULL,10000",
+    )
+    parser.add_argument(
+        "--in-process",
+        action="store_true",
+        help="run every case in this interpreter instead of a fresh one per case",
+    )
+    parser.add_argument("--run-case", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    budget: float = args.budget if args.budget is not None else (0.05 if args.quick else 0.5)
+
+    if args.run_case:
+        result = run_case(_parse_case(args.run_case), budget, args.max_runs)
+        print(json.dumps({"ms": result.ms, "best": result.best, "runs": result.runs}))
+        return 0
+
+    filters = [f.strip().upper() for f in args.only.split(",") if f.strip()]
+    selected = [c for c in cases(args.quick) if all(f in {*map(str, c.key)} for f in filters)]
+    run = run_case if args.in_process else run_case_forked
+    results: list[Result] = []
+    started = time.perf_counter()
+    print(f"{'case':<52} {'ms/op':>9} {'best':>9} {'runs':>5} {'java':>8} {'ratio':>7}")
+    for case in selected:
+        result = run(case, budget, args.max_runs)
+        results.append(result)
+        java = JAVA_MS.get(case.key)
+        extra = f"{java:>8g} {result.ms / java:>6.1f}x" if java is not None else ""
+        print(
+            f"{_label(case):<52} {_fmt_ms(result.ms):>9} {_fmt_ms(result.best):>9}"
+            f" {result.runs:>5} {extra}",
+            flush=True,
+        )
+    wall = time.perf_counter() - started
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(render(results, args.quick, wall, budget), encoding="utf-8")
+    print(f"wrote {args.out} ({len(results)} cases, {wall:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
