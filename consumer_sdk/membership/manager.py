@@ -514,7 +514,6 @@ class MembershipManager:
             rec.current = resolution.resolved
             self._to(S.ACKNOWLEDGING, "partial assignment acknowledged (topics unresolved)")
             return
-        added = resolution.assigned - rec.owned
         revoked = rec.owned - resolution.assigned
         if not can_commit and (self._cfg.auto_commit or revoked):
             return  # revocation and the pre-rebalance commit only run inside poll()
@@ -524,10 +523,10 @@ class MembershipManager:
             resolution.resolved.local_epoch,
             sorted_named(resolution.assigned),
             sorted_named(rec.owned),
-            sorted_named(added),
-            sorted_named(revoked),
+            sorted_named(running.added),
+            sorted_named(running.revoked),
         )
-        rec.mark_pending_revocation(revoked)
+        rec.mark_pending_revocation(running.revoked)
         if self._cfg.auto_commit:
             running.step = Step.COMMIT
             self._request_commit(_Purpose.RECONCILE_COMMIT, "reconciliation", running.pass_id)

@@ -184,7 +184,9 @@ class Reconciler:
     # -- pass --------------------------------------------------------------------------------
 
     def start_pass(self, resolution: Resolution) -> ReconciliationPass:
-        added = resolution.assigned - self.owned
+        # Partitions whose ASSIGNED callback failed are held already but are offered to the
+        # callback again (Java passes only never-held ones, so a retry would see none).
+        added = (resolution.assigned - self.owned) | (self.awaiting_callback & resolution.assigned)
         revoked = self.owned - resolution.assigned
         running = ReconciliationPass(
             self._next_pass_id, resolution.resolved, resolution.assigned, added, revoked
