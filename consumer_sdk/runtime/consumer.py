@@ -9,13 +9,21 @@ from typing import Any
 
 from confluent_kafka import Message, TopicPartition
 
+from consumer_sdk.membership import MemberState
 from consumer_sdk.runtime.fetcher import Fetcher
-from consumer_sdk.runtime.group_member import GroupMember, Partition
+from consumer_sdk.runtime.group_member import _POLL_EVENT_INTERVAL_S, GroupMember, Partition
 from consumer_sdk.runtime.offsets import OffsetAndMetadata
 
 __all__ = ["Consumer"]
 
 _FETCH_SLICE_S = 0.05
+# While a rebalance is under way, wait on the fetcher in short slices so that callbacks the
+# background thread asks for run promptly (each rebalance step is an application-thread hop).
+_REBALANCE_SLICE_S = 0.005
+_REBALANCING = frozenset(
+    {MemberState.JOINING, MemberState.RECONCILING, MemberState.ACKNOWLEDGING,
+     MemberState.PREPARE_LEAVING, MemberState.FENCED, MemberState.STALE}
+)  # fmt: skip
 
 
 class Consumer(GroupMember):
@@ -44,18 +52,29 @@ class Consumer(GroupMember):
 
         Rebalance callbacks run here; their exceptions and the member's errors are raised.
         """
-        self._ensure_usable()
-        deadline = time.monotonic() + (0.0 if timeout is None or timeout < 0 else timeout)
-        self._post_poll()
-        while True:
+        if self._closed or self._fatal is not None:
+            self._ensure_usable()
+        now = time.monotonic()
+        if now - self._last_poll_event >= _POLL_EVENT_INTERVAL_S:
+            self._post_poll(force=True)
+        events = self._core.background_events
+        if events:
             self._dispatch_background_events()
+        # Fast path: a record is already buffered.
+        msg = self._fetcher.poll(0)
+        if msg is not None:
+            return msg
+        deadline = now + (0.0 if timeout is None or timeout < 0 else timeout)
+        while True:
             remaining = deadline - time.monotonic()
-            msg = self._fetcher.poll(max(min(remaining, _FETCH_SLICE_S), 0))
+            if remaining <= 0:
+                return None
+            msg = self._fetcher.poll(min(remaining, self._slice()))
             if msg is not None:
                 return msg
-            if time.monotonic() >= deadline:
-                return None
             self._post_poll()
+            if events:
+                self._dispatch_background_events()
 
     def consume(self, num_messages: int = 1, timeout: float | None = None) -> list[Message]:
         """Up to ``num_messages`` records within ``timeout`` seconds."""
@@ -65,12 +84,18 @@ class Consumer(GroupMember):
         deadline = time.monotonic() + (0.0 if timeout is None or timeout < 0 else timeout)
         self._post_poll()
         while True:
-            self._dispatch_background_events()
+            if self._core.background_events:
+                self._dispatch_background_events()
             remaining = deadline - time.monotonic()
-            msgs = self._fetcher.consume(num_messages, max(min(remaining, _FETCH_SLICE_S), 0))
+            msgs = self._fetcher.consume(num_messages, max(min(remaining, self._slice()), 0))
             if msgs or time.monotonic() >= deadline:
                 return msgs
             self._post_poll()
+
+    def _slice(self) -> float:
+        if self._core.background_events or self._core.state in _REBALANCING:
+            return _REBALANCE_SLICE_S
+        return _FETCH_SLICE_S
 
     def position(self, partitions: Sequence[TopicPartition]) -> list[TopicPartition]:
         """Next offset to be returned per partition (OFFSET_INVALID if unknown)."""

@@ -29,7 +29,7 @@ class Fetcher:
         self._fetchable: set[Partition] = set()
         self._assigned: set[Partition] = set()
         self._positions: dict[Partition, int] = {}
-        self._leader_epochs: dict[Partition, int] = {}
+        self._last: dict[Partition, Message] = {}
         self._paused: set[Partition] = set()
         self._closed = False
         self.reset = str(config.get("auto.offset.reset", "latest"))
@@ -69,7 +69,7 @@ class Fetcher:
                 self._fetchable.discard(p)
                 self._paused.discard(p)
                 self._positions.pop(p, None)
-                self._leader_epochs.pop(p, None)
+                self._last.pop(p, None)
             if gone and not self._closed:
                 self._consumer.incremental_unassign([TopicPartition(t, p) for t, p in gone])
         if gone:
@@ -102,40 +102,47 @@ class Fetcher:
     def positions(self) -> dict[Partition, int]:
         """Next offset to deliver per partition (only partitions that have one)."""
         with self._lock:
-            return dict(self._positions)
+            positions = dict(self._positions)
+            last = dict(self._last)
+        for key, msg in last.items():
+            offset = msg.offset()
+            if offset is not None:
+                positions[key] = offset + 1
+        return positions
 
     def leader_epoch(self, partition: Partition) -> int:
-        with self._lock:
-            return self._leader_epochs.get(partition, -1)
+        msg = self._last.get(partition)
+        epoch = msg.leader_epoch() if msg is not None else None
+        return -1 if epoch is None else epoch
 
-    def _accept(self, msg: Message) -> bool:
-        if msg.error() is not None:
-            return True
-        topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
-        if topic is None or partition is None or offset is None:
-            return True
-        key = (topic, partition)
-        with self._lock:
-            if key not in self._fetchable:
-                return False
-            self._positions[key] = offset + 1
-            epoch = msg.leader_epoch()
-            if epoch is not None:
-                self._leader_epochs[key] = epoch
-        return True
-
+    # The per-record path avoids locks and copies: the GIL makes these dict/set operations
+    # atomic, and the last delivered message per partition gives both position and epoch.
     def poll(self, timeout: float) -> Message | None:
         if self._closed:
             return None
         msg = self._consumer.poll(timeout)
-        if msg is None or not self._accept(msg):
+        if msg is None or msg.error() is not None:
+            return msg
+        key = (msg.topic(), msg.partition())
+        if key not in self._fetchable:
             return None
+        self._last[key] = msg
         return msg
 
     def consume(self, num_messages: int, timeout: float) -> list[Message]:
         if self._closed:
             return []
-        return [m for m in self._consumer.consume(num_messages, timeout) if self._accept(m)]
+        fetchable, last = self._fetchable, self._last
+        out = []
+        for msg in self._consumer.consume(num_messages, timeout):
+            if msg.error() is not None:
+                out.append(msg)
+                continue
+            key = (msg.topic(), msg.partition())
+            if key in fetchable:
+                last[key] = msg
+                out.append(msg)
+        return out
 
     def close(self) -> None:
         with self._lock:

@@ -1,0 +1,56 @@
+"""One group member in its own process, for the convergence benchmark.
+
+argv: kind (sdk | confluent) bootstrap group topic. Prints JSON lines to stdout:
+{"ev": "ready", "t": ...} after subscribing, {"ev": "owned", "t": ..., "owned": [...]} after
+every callback. Exits when stdin closes (graceful close) or when killed (a crash).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from typing import Any
+
+
+def main() -> None:
+    kind, bootstrap, group, topic = sys.argv[1:5]
+    conf = {"bootstrap.servers": bootstrap, "group.id": group, "auto.offset.reset": "earliest"}
+    owned: set[int] = set()
+    lock = threading.Lock()
+
+    def emit(event: dict[str, Any]) -> None:
+        event["t"] = time.monotonic()
+        with lock:
+            sys.stdout.write(json.dumps(event) + "\n")
+            sys.stdout.flush()
+
+    def on_assign(_: Any, parts: list[Any]) -> None:
+        owned.update(p.partition for p in parts)
+        emit({"ev": "owned", "owned": sorted(owned)})
+
+    def on_revoke(_: Any, parts: list[Any]) -> None:
+        owned.difference_update(p.partition for p in parts)
+        emit({"ev": "owned", "owned": sorted(owned)})
+
+    if kind == "sdk":
+        from consumer_sdk import Consumer
+
+        consumer: Any = Consumer(conf)
+    else:
+        import confluent_kafka
+
+        consumer = confluent_kafka.Consumer({**conf, "group.protocol": "consumer"})
+    consumer.subscribe([topic], on_assign=on_assign, on_revoke=on_revoke, on_lost=on_revoke)
+    emit({"ev": "ready"})
+    stop = threading.Event()
+    threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
+    while not stop.is_set():
+        consumer.poll(0.05)
+    consumer.close()
+    emit({"ev": "closed"})
+
+
+if __name__ == "__main__":
+    main()

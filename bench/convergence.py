@@ -1,0 +1,173 @@
+"""Rebalance convergence: this SDK vs confluent-kafka's group.protocol=consumer consumer.
+
+Both run as member processes on the same EmbeddedKafka with the same heartbeat interval.
+Convergence = time until the assignment is complete and exclusive again (every partition
+owned by exactly one live member, every live member owning at least one), measured from the
+members' own callbacks on one monotonic clock.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+
+
+@dataclass
+class Proc:
+    popen: subprocess.Popen[str]
+    owned: set[int] = field(default_factory=set)
+    ready_at: float | None = None
+    alive: bool = True
+
+
+class Group:
+    def __init__(self, kind: str, bootstrap: str, topic: str, partitions: int) -> None:
+        self.kind, self.bootstrap, self.topic, self.partitions = kind, bootstrap, topic, partitions
+        self.group = f"bench-{kind}-{uuid.uuid4().hex[:6]}"
+        self.procs: list[Proc] = []
+        self.lock = threading.Lock()
+
+    def spawn(self, n: int) -> list[Proc]:
+        new = []
+        for _ in range(n):
+            popen = subprocess.Popen(
+                [sys.executable, str(HERE / "_member_proc.py"), self.kind, self.bootstrap,
+                 self.group, self.topic],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                text=True,
+            )  # fmt: skip
+            proc = Proc(popen)
+            threading.Thread(target=self._read, args=(proc,), daemon=True).start()
+            new.append(proc)
+        with self.lock:
+            self.procs.extend(new)
+        return new
+
+    def _read(self, proc: Proc) -> None:
+        assert proc.popen.stdout is not None
+        for line in proc.popen.stdout:
+            event: dict[str, Any] = json.loads(line)
+            with self.lock:
+                if event["ev"] == "ready":
+                    proc.ready_at = event["t"]
+                elif event["ev"] == "owned":
+                    proc.owned = set(event["owned"])
+
+    def converged(self) -> bool:
+        with self.lock:
+            live = [p for p in self.procs if p.alive]
+            owned = [x for p in live for x in p.owned]
+            return (
+                bool(live)
+                and sorted(owned) == list(range(self.partitions))
+                and all(p.owned for p in live)
+            )
+
+    def wait_converged(self, timeout: float = 60.0) -> float:
+        deadline = time.monotonic() + timeout
+        while not self.converged():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{self.kind}: no convergence within {timeout}s")
+            time.sleep(0.005)
+        return time.monotonic()
+
+    def wait_ready(self, procs: list[Proc], timeout: float = 60.0) -> float:
+        deadline = time.monotonic() + timeout
+        while any(p.ready_at is None for p in procs):
+            if time.monotonic() > deadline:
+                raise TimeoutError("members did not start")
+            time.sleep(0.01)
+        return max(p.ready_at for p in procs if p.ready_at is not None)
+
+    def stop(self, procs: list[Proc]) -> float:
+        t0 = time.monotonic()
+        for p in procs:
+            p.alive = False
+            if p.popen.stdin:
+                p.popen.stdin.close()
+        return t0
+
+    def crash(self, proc: Proc) -> float:
+        proc.alive = False
+        t0 = time.monotonic()
+        os.kill(proc.popen.pid, signal.SIGKILL)
+        return t0
+
+    def close_all(self) -> None:
+        for p in self.procs:
+            if p.popen.poll() is None and p.popen.stdin and not p.popen.stdin.closed:
+                p.popen.stdin.close()
+        for p in self.procs:
+            try:
+                p.popen.wait(15)
+            except subprocess.TimeoutExpired:
+                p.popen.kill()
+
+
+def run_scenarios(
+    kind: str, kafka: Any, members: int, partitions: int, settle: float = 1.5
+) -> dict[str, float]:
+    """Scale-out 1 -> N, a crash (SIGKILL) of one member, scale-in N-1 -> 1; each step starts
+    ``settle`` seconds after the previous one converged, so no heartbeat is already due."""
+    topic = f"conv-{kind}-{uuid.uuid4().hex[:6]}"
+    kafka.create_topic(topic, partitions=partitions)
+    g = Group(kind, kafka.bootstrap_servers, topic, partitions)
+    try:
+        first = g.spawn(1)
+        g.wait_ready(first)
+        g.wait_converged()
+        time.sleep(settle)
+        new = g.spawn(members - 1)
+        t0 = g.wait_ready(new)
+        scale_out = g.wait_converged() - t0
+        time.sleep(settle)
+        t0 = g.crash(g.procs[-1])
+        crash = g.wait_converged() - t0
+        time.sleep(settle)
+        leaving = [p for p in g.procs if p.alive][1:]
+        t0 = g.stop(leaving)
+        scale_in = g.wait_converged() - t0
+        return {"scale_out": scale_out, "crash": crash, "scale_in": scale_in}
+    finally:
+        g.close_all()
+
+
+def run(quick: bool = False) -> dict[str, Any]:
+    from consumer_sdk.testing import EmbeddedKafka
+
+    members, partitions, repeats = (3, 6, 1) if quick else (5, 20, 3)
+    results: dict[str, dict[str, list[float]]] = {"sdk": {}, "confluent": {}}
+    with EmbeddedKafka(brokers=3, heartbeat_interval_ms=500, session_timeout_ms=3000) as kafka:
+        for _ in range(repeats):
+            for kind in ("sdk", "confluent"):
+                for name, value in run_scenarios(kind, kafka, members, partitions).items():
+                    results[kind].setdefault(name, []).append(value)
+    summary: dict[str, Any] = {"members": members, "partitions": partitions,
+                               "heartbeat_interval_ms": 500, "session_timeout_ms": 3000,
+                               "repeats": repeats, "scenarios": {}}  # fmt: skip
+    for name in ("scale_out", "scale_in", "crash"):
+        sdk = statistics.median(results["sdk"][name])
+        ck = statistics.median(results["confluent"][name])
+        summary["scenarios"][name] = {"sdk_s": sdk, "confluent_s": ck, "ratio": sdk / ck,
+                                      "sdk_all": results["sdk"][name],
+                                      "confluent_all": results["confluent"][name]}  # fmt: skip
+    return summary
+
+
+if __name__ == "__main__":
+    out = run(quick="--quick" in sys.argv)
+    for name, row in out["scenarios"].items():
+        print(f"{name:<10} sdk {row['sdk_s']:.3f}s  confluent {row['confluent_s']:.3f}s  "
+              f"ratio {row['ratio']:.2f}")  # fmt: skip

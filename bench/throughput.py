@@ -1,0 +1,93 @@
+"""Consume throughput: this SDK's poll()/consume() vs a raw confluent-kafka assign-mode
+consumer reading the same records from the same EmbeddedKafka, in one run."""
+
+from __future__ import annotations
+
+import sys
+import time
+import uuid
+from typing import Any
+
+import confluent_kafka
+
+
+def _raw(bootstrap: str, topic: str, partitions: int, n: int, batch: bool) -> float:
+    c = confluent_kafka.Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"raw-{uuid.uuid4().hex[:6]}",
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+        }
+    )
+    c.assign([confluent_kafka.TopicPartition(topic, p, confluent_kafka.OFFSET_BEGINNING)
+              for p in range(partitions)])  # fmt: skip
+    got = 0
+    start: float | None = None
+    while got < n:
+        if batch:
+            msgs = c.consume(500, 1.0)
+        else:
+            m = c.poll(1.0)
+            msgs = [m] if m is not None else []
+        for m in msgs:
+            if m.error() is None:
+                if start is None:
+                    start = time.perf_counter()
+                got += 1
+    elapsed = time.perf_counter() - (start or time.perf_counter())
+    c.close()
+    return (got - 1) / elapsed
+
+
+def _sdk(bootstrap: str, topic: str, n: int, batch: bool) -> float:
+    from consumer_sdk import Consumer
+
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"sdk-{uuid.uuid4().hex[:6]}",
+                  "enable.auto.commit": False, "auto.offset.reset": "earliest"})  # fmt: skip
+    c.subscribe([topic])
+    got = 0
+    start: float | None = None
+    while got < n:
+        msgs = c.consume(500, 1.0) if batch else [m for m in [c.poll(1.0)] if m is not None]
+        for m in msgs:
+            if m.error() is None:
+                if start is None:
+                    start = time.perf_counter()
+                got += 1
+    elapsed = time.perf_counter() - (start or time.perf_counter())
+    c.close()
+    return (got - 1) / elapsed
+
+
+def run(quick: bool = False) -> dict[str, Any]:
+    from consumer_sdk.testing import EmbeddedKafka
+
+    n = 50_000 if quick else 300_000
+    partitions = 6
+    payload = [b"x" * 100] * 5_000
+    results: dict[str, list[float]] = {}
+    with EmbeddedKafka(brokers=1) as kafka:
+        topic = "throughput"
+        kafka.create_topic(topic, partitions=partitions)
+        for _ in range(n // len(payload)):
+            kafka.produce(topic, payload)
+        for _ in range(1 if quick else 2):
+            for mode, batch in (("poll", False), ("consume", True)):
+                raw = _raw(kafka.bootstrap_servers, topic, partitions, n, batch)
+                sdk = _sdk(kafka.bootstrap_servers, topic, n, batch)
+                results.setdefault(f"raw_{mode}", []).append(raw)
+                results.setdefault(f"sdk_{mode}", []).append(sdk)
+    out: dict[str, Any] = {"records": n, "record_bytes": 100, "partitions": partitions}
+    for mode in ("poll", "consume"):
+        raw, sdk = max(results[f"raw_{mode}"]), max(results[f"sdk_{mode}"])
+        out[mode] = {"raw_per_s": raw, "sdk_per_s": sdk, "ratio": sdk / raw}
+    return out
+
+
+if __name__ == "__main__":
+    result = run(quick="--quick" in sys.argv)
+    for mode in ("poll", "consume"):
+        row = result[mode]
+        print(f"{mode:<8} raw {row['raw_per_s']:,.0f}/s  sdk {row['sdk_per_s']:,.0f}/s  "
+              f"ratio {row['ratio']:.2f}")  # fmt: skip
