@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from bisect import bisect_right
+import uuid
+from collections import deque
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import accumulate, chain, repeat
+from operator import attrgetter
 from typing import Any, Generic, TypeAlias, TypeVar, cast
 
 T = TypeVar("T", bound=Hashable)
@@ -63,10 +66,19 @@ def sort_keys(keys: Iterable[T]) -> list[T]:
     their string form.
     """
     items = list(keys)
+    kinds = set(map(type, items))
+    if kinds == {uuid.UUID}:
+        # Same order as UUID.__lt__, without a Python-level comparison per step.
+        return sorted(items, key=_UUID_INT)
     try:
+        if len(kinds) == 1:
+            return cast("list[T]", sorted(cast("list[Any]", items)))
         return sorted(items, key=_natural_key)
     except TypeError:
         return sorted(items, key=_text_key)
+
+
+_UUID_INT = attrgetter("int")
 
 
 def check_partition_counts(topics: Iterable[T], partitions: Mapping[T, int]) -> None:
@@ -86,6 +98,8 @@ def check_partition_counts(topics: Iterable[T], partitions: Mapping[T, int]) -> 
 
 def check_members(members: Mapping[str, Subscription[T]]) -> None:
     """Raise a clear error if ``members`` does not map member ids to :class:`Subscription`."""
+    if set(map(type, members.values())) <= {Subscription}:
+        return
     for member_id, sub in members.items():
         if not isinstance(sub, Subscription):
             raise AssignorError(
@@ -93,59 +107,131 @@ def check_members(members: Mapping[str, Subscription[T]]) -> None:
             )
 
 
-@dataclass(slots=True)
-class Retained:
-    """The previous target, cleaned up for the current members and topics.
+class TopicIndex(Generic[T]):
+    """Topic key -> position in the sorted topic list.
 
-    ``held[i]`` maps topic *index* -> partitions that member ``i`` keeps for now (topics it
-    still subscribes to, that still exist). ``pristine[i]`` is the member's previous dict
-    itself when it was kept whole (every entry a non-empty frozenset of a subscribed topic),
-    so it can be copied to the output without re-hashing topic keys. ``unclaimed[t]`` lists
-    the partitions of topic ``t`` nobody held, ascending.
+    Lookups go by identity first: topic keys are usually the very objects of the topic
+    list, and this avoids a (possibly Python-level, e.g. ``uuid.UUID``) ``__hash__`` call
+    per lookup. Safe because the list keeps its objects alive, so no other live object can
+    have the same id. Equal keys that are other objects fall back to a normal lookup.
     """
 
-    held: list[dict[int, frozenset[int]]]
-    pristine: list[Mapping[Any, frozenset[int]] | None]
-    unclaimed: list[Sequence[int]]
+    __slots__ = ("_by_key", "by_id", "topics")
+
+    def __init__(self, topics: Sequence[T]) -> None:
+        self.topics = topics
+        self.by_id = {id(t): i for i, t in enumerate(topics)}
+        """id(topic) -> index, for the topic objects of the list."""
+        self._by_key: dict[T, int] | None = None
+
+    def get(self, topic: T) -> int | None:
+        ti = self.by_id.get(id(topic))
+        if ti is None:
+            if self._by_key is None:
+                self._by_key = {t: i for i, t in enumerate(self.topics)}
+            ti = self._by_key.get(topic)
+        return ti
+
+    def rank(self, topic: T) -> int:
+        """Like :meth:`get` for a topic known to be in the list."""
+        ti = self.get(topic)
+        if ti is None:
+            raise KeyError(topic)
+        return ti
+
+
+@dataclass(slots=True)
+class Retained(Generic[T]):
+    """The previous target, cleaned up for the current members and topics."""
+
+    held: list[dict[T, frozenset[int]]]
+    """Per member (by index): the partitions it keeps for now, of topics it still
+    subscribes to and that still exist. Fresh dicts, owned by the caller."""
     sizes: list[int]
     """Number of partitions in ``held[i]``."""
+    unclaimed: list[Sequence[int]]
+    """Per topic index: the partitions nobody holds, ascending."""
+
+
+def _retain_all(
+    present: list[int],
+    olds: list[Mapping[T, Iterable[int]] | None],
+    member_masks: Sequence[bytes] | None,
+    index: TopicIndex[T],
+    held: list[dict[T, frozenset[int]]],
+    sizes: list[int],
+    claims: list[list[frozenset[int]]],
+) -> bool:
+    """Fast path of :func:`retain_previous` when every previous entry is kept as is.
+
+    All checks and copies loop in C over the flattened entries of all members. Returns
+    False, changing nothing, when some entry needs a closer look.
+    """
+    dicts = [olds[mi] for mi in present]
+    if set(map(type, dicts)) != {dict}:
+        return not dicts
+    entries = cast("list[dict[T, frozenset[int]]]", dicts)
+    per_member = list(map(len, entries))
+    found = list(map(index.by_id.get, map(id, chain.from_iterable(entries))))
+    if None in found:
+        return False
+    tis = cast("list[int]", found)
+    values = list(chain.from_iterable(map(dict.values, entries)))
+    if set(map(type, values)) != {frozenset}:
+        return False
+    lengths = list(map(len, values))
+    if 0 in lengths:
+        return False
+    if member_masks is not None:
+        masks = chain.from_iterable(map(repeat, map(member_masks.__getitem__, present), per_member))
+        if not all(map(bytes.__getitem__, masks, tis)):
+            return False
+    for mi, copy in zip(present, map(dict, entries), strict=True):
+        held[mi] = copy
+    ends = list(accumulate(per_member))
+    prefix = [0, *accumulate(lengths)]
+    start = 0
+    for mi, end in zip(present, ends, strict=True):
+        sizes[mi] = prefix[end] - prefix[start]
+        start = end
+    # claims[ti].append(s) for each entry, looping in C.
+    deque(map(list.append, map(claims.__getitem__, tis), values), maxlen=0)
+    return True
 
 
 def retain_previous(
     member_ids: Sequence[str],
     member_masks: Sequence[bytes] | None,
-    topics: Sequence[T],
+    index: TopicIndex[T],
     counts: Sequence[int],
     previous: PreviousAssignment[T],
-) -> Retained:
+) -> Retained[T]:
     """Clean up ``previous`` (see :class:`Retained`).
 
-    ``member_masks[i][t]`` is true when member ``i`` subscribes to ``topics[t]``; ``None``
-    means every member subscribes to every topic. Partitions outside ``[0, count)`` are
-    dropped; a partition held by several members stays with the first of them in
-    ``member_ids`` order.
+    ``member_masks[i][t]`` is true when member ``i`` subscribes to ``index.topics[t]``;
+    ``None`` means every member subscribes to every topic. Partitions outside
+    ``[0, count)`` are dropped; a partition held by several members stays with the first
+    of them in ``member_ids`` order.
     """
     n = len(member_ids)
-    held: list[dict[int, frozenset[int]]] = [{} for _ in range(n)]
-    pristine: list[Mapping[Any, frozenset[int]] | None] = [None] * n
+    held: list[dict[T, frozenset[int]]] = [{} for _ in range(n)]
     sizes = [0] * n
-    topic_index = {t: i for i, t in enumerate(topics)}
-    # Topic keys are usually the very objects of `topics`; looking them up by identity
-    # avoids calling a (possibly Python-level, e.g. uuid.UUID) __hash__ per entry. Safe:
-    # `topics` keeps its objects alive, so no other live object can share their ids.
-    index_by_id = {id(t): i for i, t in enumerate(topics)}
-    by_id = index_by_id.get
-    get_previous = previous.get
-    flat_tis: list[int] = []
-    flat_sets: list[frozenset[int]] = []
-    flat_mis: list[int] = []
-    for mi, member_id in enumerate(member_ids):
-        old = get_previous(member_id)
-        if not old:
-            continue
+    claims: list[list[frozenset[int]]] = [[] for _ in counts]
+    claims_of = claims.__getitem__
+    append = list.append
+    by_id = index.by_id.get
+    olds = list(map(previous.get, member_ids))
+    present = [mi for mi, old in enumerate(olds) if old]
+    if _retain_all(present, olds, member_masks, index, held, sizes, claims):
+        present = []
+    for mi in present:
+        member_id = member_ids[mi]
+        old = olds[mi]
+        assert old is not None
         mask = member_masks[mi] if member_masks is not None else None
         if type(old) is dict:
-            # Fast path: every entry a non-empty frozenset of a subscribed topic.
+            # Fast path: every entry a non-empty frozenset of a subscribed topic, so the
+            # member's dict can be copied (which reuses the stored key hashes).
             found = list(map(by_id, map(id, old)))
             values = list(old.values())
             lengths = list(map(len, values)) if set(map(type, values)) == {frozenset} else [0]
@@ -154,17 +240,14 @@ def retain_previous(
                 and 0 not in lengths
                 and (mask is None or all(map(mask.__getitem__, cast("list[int]", found))))
             ):
-                tis = cast("list[int]", found)
-                held[mi] = dict(zip(tis, values, strict=True))
-                pristine[mi] = old
+                held[mi] = dict(old)
                 sizes[mi] = sum(lengths)
-                flat_tis += tis
-                flat_sets += values
-                flat_mis += [mi] * len(tis)
+                # claims[ti].append(s) for each entry, looping in C.
+                deque(map(append, map(claims_of, cast("list[int]", found)), values), maxlen=0)
                 continue
         mine = held[mi]
         for topic, parts in old.items():
-            ti = topic_index.get(topic)
+            ti = index.get(topic)
             if ti is None or (mask is not None and not mask[ti]):
                 continue
             if type(parts) is frozenset:
@@ -177,24 +260,16 @@ def retain_previous(
                         f"previous[{member_id!r}][{topic!r}] is not an iterable of partition ids"
                     ) from None
             if s:
-                mine[ti] = s
+                mine[topic] = s
                 sizes[mi] += len(s)
-                flat_tis.append(ti)
-                flat_sets.append(s)
-                flat_mis.append(mi)
+                claims[ti].append(s)
 
-    # Group the claims by topic (stable, so in member order within a topic).
-    order = sorted(range(len(flat_tis)), key=flat_tis.__getitem__)
-    sorted_tis = list(map(flat_tis.__getitem__, order))
-    sorted_sets = list(map(flat_sets.__getitem__, order))
     unclaimed: list[Sequence[int]] = []
-    lo = 0
     for ti, count in enumerate(counts):
-        hi = bisect_right(sorted_tis, ti, lo)
-        if lo == hi:
+        sets = claims[ti]
+        if not sets:
             unclaimed.append(range(count))
             continue
-        sets = sorted_sets[lo:hi]
         union: frozenset[int] | set[int] = sets[0] if len(sets) == 1 else set().union(*sets)
         clean = len(union) == sum(map(len, sets))
         if clean:
@@ -203,30 +278,29 @@ def retain_previous(
             except TypeError:
                 clean = False
         if not clean:
-            claimers = [flat_mis[i] for i in order[lo:hi]]
-            union = _dedupe(ti, count, claimers, sets, held, pristine, sizes)
-        lo = hi
+            union = _dedupe(index.topics[ti], count, held, sizes)
         if len(union) == count:
             unclaimed.append(())
         elif union:
             unclaimed.append(sorted(set(range(count)).difference(union)))
         else:
             unclaimed.append(range(count))
-    return Retained(held, pristine, unclaimed, sizes)
+    return Retained(held, sizes, unclaimed)
 
 
 def _dedupe(
-    ti: int,
+    topic: T,
     count: int,
-    claimers: list[int],
-    sets: list[frozenset[int]],
-    held: list[dict[int, frozenset[int]]],
-    pristine: list[Mapping[Any, frozenset[int]] | None],
+    held: list[dict[T, frozenset[int]]],
     sizes: list[int],
 ) -> set[int]:
-    """Slow path of :func:`retain_previous`: drop invalid and doubly-held partitions."""
+    """Slow path of :func:`retain_previous`: drop invalid and doubly-held partitions of
+    ``topic``, first holder (in member order) wins."""
     seen: set[int] = set()
-    for mi, s in zip(claimers, sets, strict=True):
+    for mi, mine in enumerate(held):
+        s = mine.get(topic)
+        if s is None:
+            continue
         good = frozenset(
             p
             for p in s
@@ -234,10 +308,9 @@ def _dedupe(
         )
         seen.update(good)
         if len(good) != len(s):
-            pristine[mi] = None
             sizes[mi] -= len(s) - len(good)
             if good:
-                held[mi][ti] = good
+                mine[topic] = good
             else:
-                del held[mi][ti]
+                del mine[topic]
     return seen

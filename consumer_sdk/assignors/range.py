@@ -80,6 +80,10 @@ class RangeAssignor(Assignor):
 
         for (signature, count), topics_in_class in classes.items():
             subs = by_signature[signature]
+            # A dict as the source of dict.fromkeys reuses its stored hashes, so topic keys
+            # with a Python-level __hash__ (uuid.UUID) are hashed once per class, not once
+            # per member and topic.
+            keys = dict.fromkeys(topics_in_class)
             quota, extra = divmod(count, len(subs))
             start = 0
             for k in range(min(len(subs), count)):
@@ -88,7 +92,7 @@ class RangeAssignor(Assignor):
                 start = end
                 target = out[subs[k]]
                 if target:
-                    target.update(dict.fromkeys(topics_in_class, chunk))
+                    target.update(dict.fromkeys(keys, chunk))
                 else:
-                    out[subs[k]] = dict.fromkeys(topics_in_class, chunk)
+                    out[subs[k]] = dict.fromkeys(keys, chunk)
         return out

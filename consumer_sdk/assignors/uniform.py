@@ -22,14 +22,13 @@ from bisect import insort
 from collections.abc import Collection, Mapping, Sequence
 from heapq import heapify, heappop, heappush
 from itertools import chain, groupby
-from typing import Any
 
 from consumer_sdk.assignors._common import (
     Assignment,
     PreviousAssignment,
-    Retained,
     Subscription,
     T,
+    TopicIndex,
     check_members,
     check_partition_counts,
     retain_previous,
@@ -110,26 +109,6 @@ class _Chunks:
         return out
 
 
-def _output(
-    member_ids: list[str],
-    topics: list[T],
-    held: list[dict[int, frozenset[int]]],
-    retained: Retained | None,
-    touched: set[int],
-) -> Assignment[T]:
-    out: Assignment[T] = {}
-    pristine: list[Mapping[Any, frozenset[int]] | None] = (
-        retained.pristine if retained is not None else [None] * len(member_ids)
-    )
-    for mi, member_id in enumerate(member_ids):
-        whole = pristine[mi]
-        if whole is not None and mi not in touched:
-            out[member_id] = dict(whole)
-        else:
-            out[member_id] = {topics[ti]: fs for ti, fs in held[mi].items()}
-    return out
-
-
 def _homogeneous(
     member_ids: list[str],
     topic_set: frozenset[T],
@@ -142,17 +121,16 @@ def _homogeneous(
     total = sum(counts)
     min_quota, extra = divmod(total, n)
 
-    retained: Retained | None = None
-    held: list[dict[int, frozenset[int]]]
+    index = TopicIndex(topics)
+    held: list[dict[T, frozenset[int]]]
     unclaimed: Sequence[Sequence[int]]
     if previous:
-        retained = retain_previous(member_ids, None, topics, counts, previous)
+        retained = retain_previous(member_ids, None, index, counts, previous)
         held, unclaimed, sizes = retained.held, retained.unclaimed, retained.sizes
     else:
         held = [{} for _ in member_ids]
         unclaimed = [range(c) for c in counts]
         sizes = [0] * n
-    touched: set[int] = set()
 
     # Quotas: min_quota each, plus one for `extra` members. Members already above the
     # minimum keep their extra first (in member order), so a balanced target is stable;
@@ -173,40 +151,38 @@ def _homogeneous(
     # Trim members above their quota, keeping their lowest topics and partitions.
     released: dict[int, list[int]] = {}
     for mi in [mi for mi, (s, c) in enumerate(zip(sizes, caps, strict=True)) if s > c]:
-        touched.add(mi)
         mine = held[mi]
         budget = caps[mi]
-        for ti in sorted(mine):
-            parts = mine[ti]
+        for topic in sorted(mine, key=index.rank):
+            parts = mine[topic]
             if len(parts) <= budget:
                 budget -= len(parts)
                 continue
             ordered = sorted(parts)
-            released.setdefault(ti, []).extend(ordered[budget:])
+            released.setdefault(index.rank(topic), []).extend(ordered[budget:])
             if budget:
-                mine[ti] = frozenset(ordered[:budget])
+                mine[topic] = frozenset(ordered[:budget])
                 budget = 0
             else:
-                del mine[ti]
+                del mine[topic]
         sizes[mi] = caps[mi]
 
     # Fill members below their quota from the free partitions, topic by topic.
-    pool: list[tuple[int, Sequence[int]]] = []
+    pool: list[tuple[T, Sequence[int]]] = []
     for ti, free in enumerate(unclaimed):
         more = released.get(ti)
         if more:
             free = sorted(chain(free, more))
         if free:
-            pool.append((ti, free))
+            pool.append((topics[ti], free))
     chunks = _Chunks()
     pi = 0
     offset = 0
     for mi in [mi for mi, (s, c) in enumerate(zip(sizes, caps, strict=True)) if s < c]:
         need = caps[mi] - sizes[mi]
         mine = held[mi]
-        touched.add(mi)
         while need:
-            ti, free = pool[pi]
+            topic, free = pool[pi]
             avail = len(free) - offset
             if avail <= need:
                 fs = chunks.get(free, offset, len(free))
@@ -217,9 +193,9 @@ def _homogeneous(
                 fs = chunks.get(free, offset, offset + need)
                 offset += need
                 need = 0
-            old = mine.get(ti) if mine else None
-            mine[ti] = fs if old is None else old | fs
-    return _output(member_ids, topics, held, retained, touched)
+            old = mine.get(topic) if mine else None
+            mine[topic] = fs if old is None else old | fs
+    return dict(zip(member_ids, held, strict=True))
 
 
 class _Signatures:
@@ -263,7 +239,7 @@ def _heterogeneous(
     topics = sort_keys(topic_set)
     nt = len(topics)
     counts = [partitions[t] for t in topics]
-    topic_index = {t: i for i, t in enumerate(topics)}
+    index = TopicIndex(topics)
 
     # Members with equal subscriptions form a group; topics with the same groups of
     # subscribers share a signature.
@@ -271,7 +247,7 @@ def _heterogeneous(
     for mi, eff in enumerate(member_topics):
         groups.setdefault(eff, []).append(mi)
     group_members = list(groups.values())
-    group_topics = [[topic_index[t] for t in eff] for eff in groups]
+    group_topics = [[index.rank(t) for t in eff] for eff in groups]
     topic_groups: list[list[int]] = [[] for _ in range(nt)]
     for gi, tis in enumerate(group_topics):
         for ti in tis:
@@ -294,8 +270,7 @@ def _heterogeneous(
         overlaps.append(sorted(near))
     signatures = _Signatures(sig_members, overlaps)
 
-    retained: Retained | None = None
-    held: list[dict[int, frozenset[int]]]
+    held: list[dict[T, frozenset[int]]]
     unclaimed: Sequence[Sequence[int]]
     if previous:
         masks: list[bytes] = []
@@ -308,13 +283,12 @@ def _heterogeneous(
         for gi, mis in enumerate(group_members):
             for mi in mis:
                 member_masks[mi] = masks[gi]
-        retained = retain_previous(member_ids, member_masks, topics, counts, previous)
+        retained = retain_previous(member_ids, member_masks, index, counts, previous)
         held, unclaimed, loads = retained.held, retained.unclaimed, retained.sizes
     else:
         held = [{} for _ in member_ids]
         unclaimed = [range(c) for c in counts]
         loads = [0] * len(member_ids)
-    touched: set[int] = set()
 
     # Partitions per subscriber descending, then subscriber count, then topic key.
     order = sorted(
@@ -333,24 +307,23 @@ def _heterogeneous(
             sig = topic_sig[ti]
             # A topic nobody held before cannot be merged into an existing entry.
             fresh = type(free) is range and len(free) == counts[ti]
-            _fill_least_loaded(ti, free, sig, signatures, loads, held, touched, chunks, fresh)
+            _fill_least_loaded(topics[ti], free, sig, signatures, loads, held, chunks, fresh)
 
-    _balance(topic_sig, order, signatures, loads, held, touched)
-    return _output(member_ids, topics, held, retained, touched)
+    _balance(topics, topic_sig, order, signatures, loads, held)
+    return dict(zip(member_ids, held, strict=True))
 
 
 def _fill_least_loaded(
-    ti: int,
+    topic: T,
     free: Sequence[int],
     sig: int,
     signatures: _Signatures,
     loads: list[int],
-    held: list[dict[int, frozenset[int]]],
-    touched: set[int],
+    held: list[dict[T, frozenset[int]]],
     chunks: _Chunks,
     fresh: bool,
 ) -> None:
-    """Give the ``free`` partitions of topic ``ti``, one at a time, to the least loaded
+    """Give the ``free`` partitions of ``topic``, one at a time, to the least loaded
     subscriber (ties: lowest member index).
 
     Done in bulk as water filling: the lowest levels are raised to a common ``level`` and
@@ -390,15 +363,14 @@ def _fill_least_loaded(
                 offset += gain * len(seg)
                 if fresh:
                     for mi, fs in zip(seg, fsets, strict=True):
-                        held[mi][ti] = fs
+                        held[mi][topic] = fs
                 else:
                     for mi, fs in zip(seg, fsets, strict=True):
                         mine = held[mi]
-                        old = mine.get(ti)
-                        mine[ti] = fs if old is None else old | fs
+                        old = mine.get(topic)
+                        mine[topic] = fs if old is None else old | fs
                 for mi in seg:
                     loads[mi] = target
-                touched.update(seg)
     # New levels: [level] + [level + 1] + untouched higher levels.
     rest = levels[j:]
     new_levels: list[tuple[int, list[int]]] = []
@@ -416,12 +388,12 @@ def _fill_least_loaded(
 
 
 def _balance(
+    topics: list[T],
     topic_sig: list[int],
     order: list[int],
     signatures: _Signatures,
     loads: list[int],
-    held: list[dict[int, frozenset[int]]],
-    touched: set[int],
+    held: list[dict[T, frozenset[int]]],
 ) -> None:
     """Move partitions from the most to the least loaded subscribers of each topic.
 
@@ -457,7 +429,7 @@ def _balance(
             sig = topic_sig[ti]
             moved = 0
             if spread(sig) > 1:
-                moved = _balance_topic(ti, signatures.members[sig], loads, held, work)
+                moved = _balance_topic(ti, topics[ti], signatures.members[sig], loads, held, work)
                 if moved:
                     signatures.changed(sig)
                     spreads.pop(sig, None)
@@ -469,18 +441,18 @@ def _balance(
             continue
         break
     for (mi, ti), parts in work.items():
-        touched.add(mi)
         if parts:
-            held[mi][ti] = frozenset(parts)
+            held[mi][topics[ti]] = frozenset(parts)
         else:
-            held[mi].pop(ti, None)
+            held[mi].pop(topics[ti], None)
 
 
 def _balance_topic(
     ti: int,
+    topic: T,
     subs: list[int],
     loads: list[int],
-    held: list[dict[int, frozenset[int]]],
+    held: list[dict[T, frozenset[int]]],
     work: dict[tuple[int, int], list[int]],
 ) -> int:
     """Rebalance one topic's subscribers; returns the number of partitions moved."""
@@ -489,7 +461,7 @@ def _balance_topic(
         parts = work.get((mi, ti))
         if parts is not None:
             return parts
-        return held[mi].get(ti, ())
+        return held[mi].get(topic, ())
 
     # Min-heap of (load, index) for receivers; max-heap of (-load, -index) for donors.
     # Entries go stale when loads change; a fresh entry is pushed on every change.
@@ -511,10 +483,10 @@ def _balance_topic(
             break
         src = work.get((x, ti))
         if src is None:
-            src = work[(x, ti)] = sorted(held[x][ti])
+            src = work[(x, ti)] = sorted(held[x][topic])
         dst = work.get((y, ti))
         if dst is None:
-            dst = work[(y, ti)] = sorted(held[y].get(ti, ()))
+            dst = work[(y, ti)] = sorted(held[y].get(topic, ()))
         insort(dst, src.pop())
         loads[x] -= 1
         loads[y] += 1
