@@ -521,6 +521,11 @@ class GroupMember:
         self._maybe_auto_commit()
         with self._core_lock:
             wait_ms = self._core.time_until_next_poll(_now_ms())
+            if self._core.coordinator_needed:
+                # The core idles while the coordinator is unknown; finding it is the host's
+                # job, due now or when the FindCoordinator backoff ends (reference §4, §8).
+                due_ms = (self._coordinator_retry_at - time.monotonic()) * 1000
+                wait_ms = min(wait_ms, max(int(due_ms), 0))
         if self._core.background_events:
             self._wake_app()
         return max(min(wait_ms / 1000, 0.5, self._auto_commit_wait()), 0.0)
