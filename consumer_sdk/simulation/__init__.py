@@ -1,1 +1,44 @@
-"""simulation layer."""
+"""Deterministic virtual-time simulation of a KIP-848 consumer group.
+
+Runs N real membership cores (:class:`consumer_sdk.membership.GroupMembership`) against the
+coordinator model (:class:`consumer_sdk.coordinator.GroupCoordinator`) over simulated links with
+latency, loss, reordering and network partitions, while members join, leave, crash, pause,
+freeze and restart, the coordinator fails over and topics change. Invariants are checked as the
+run goes (no partition owned by two members, clients agree with the coordinator, epochs only
+move forward, no unexplained FATAL, no member stuck reconciling, convergence after faults stop).
+
+    from consumer_sdk.simulation import SimConfig, Simulation
+
+    report = Simulation(SimConfig(members=50, partitions=300, minutes=20, seed=7)).run()
+    print(report.summary())
+    assert report.ok
+
+A failing run is replayed from its trace (:func:`replay`) and shrunk (:func:`shrink`). The CLI
+is ``python -m consumer_sdk.simulation --help``. See ``docs/simulation.md``.
+"""
+
+from __future__ import annotations
+
+from consumer_sdk.simulation.config import FAULT_MIXES, FaultMix, SimConfig
+from consumer_sdk.simulation.engine import CoreFactory, Simulation, default_core_factory, run
+from consumer_sdk.simulation.report import VIOLATION_KINDS, SimReport, Violation
+from consumer_sdk.simulation.shrink import replay, shrink
+from consumer_sdk.simulation.trace import EVENT_KINDS, Trace, TraceEvent
+
+__all__ = [
+    "EVENT_KINDS",
+    "FAULT_MIXES",
+    "VIOLATION_KINDS",
+    "CoreFactory",
+    "FaultMix",
+    "SimConfig",
+    "SimReport",
+    "Simulation",
+    "Trace",
+    "TraceEvent",
+    "Violation",
+    "default_core_factory",
+    "replay",
+    "run",
+    "shrink",
+]
