@@ -11,7 +11,7 @@ from confluent_kafka import Message, TopicPartition
 
 from consumer_sdk.membership import MemberState
 from consumer_sdk.runtime.fetcher import Fetcher
-from consumer_sdk.runtime.group_member import _POLL_EVENT_INTERVAL_S, GroupMember, Partition
+from consumer_sdk.runtime.group_member import GroupMember, Partition
 from consumer_sdk.runtime.offsets import OffsetAndMetadata
 
 __all__ = ["Consumer"]
@@ -55,8 +55,7 @@ class Consumer(GroupMember):
         if self._closed or self._fatal is not None:
             self._ensure_usable()
         now = time.monotonic()
-        if now - self._last_poll_event >= _POLL_EVENT_INTERVAL_S:
-            self._post_poll(force=True)
+        self._post_poll()
         events = self._core.background_events
         if events:
             self._dispatch_background_events()

@@ -19,6 +19,10 @@ log = logging.getLogger("consumer_sdk.runtime")
 
 Partition = tuple[str, int]
 
+_TOPIC = Message.topic
+_PARTITION = Message.partition
+_ERROR = Message.error
+
 
 class Fetcher:
     """Assign-only record fetcher with per-partition positions."""
@@ -132,14 +136,21 @@ class Fetcher:
     def consume(self, num_messages: int, timeout: float) -> list[Message]:
         if self._closed:
             return []
+        msgs = self._consumer.consume(num_messages, timeout)
+        if not msgs:
+            return msgs
+        keys = list(zip(map(_TOPIC, msgs), map(_PARTITION, msgs), strict=True))
+        if self._fetchable == self._assigned and not any(map(_ERROR, msgs)):
+            # Common case, done in C: nothing fenced, no error events in the batch; the
+            # later messages of a partition overwrite earlier ones in ``_last``.
+            self._last.update(zip(keys, msgs, strict=True))  # type: ignore[arg-type]
+            return msgs
         fetchable, last = self._fetchable, self._last
         out = []
-        for msg in self._consumer.consume(num_messages, timeout):
+        for key, msg in zip(keys, msgs, strict=True):
             if msg.error() is not None:
                 out.append(msg)
-                continue
-            key = (msg.topic(), msg.partition())
-            if key in fetchable:
+            elif key in fetchable:
                 last[key] = msg
                 out.append(msg)
         return out

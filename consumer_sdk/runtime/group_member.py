@@ -63,6 +63,7 @@ RebalanceCallback = Callable[[Any, list[TopicPartition]], None]
 
 _IN_GROUP = frozenset({MemberState.STABLE, MemberState.RECONCILING, MemberState.ACKNOWLEDGING})
 _POLL_EVENT_INTERVAL_S = 0.05
+_REBALANCE_POLL_GAP_S = 0.002
 
 
 def _now_ms() -> int:
@@ -111,6 +112,9 @@ class GroupMember:
         self._leave_done = threading.Event()
         self._async_commits: deque[tuple[dict[Partition, OffsetAndMetadata], float]] = deque()
         self._last_poll_event = 0.0
+        # Poll events of a stable member only reset the poll timer; posting one this often
+        # keeps the timer far from expiry (it is processed within one heartbeat interval).
+        self._stable_poll_gap = min(1.0, c.max_poll_interval_ms / 4000)
         self._coordinator_retry_at = 0.0
         self._coordinator_failures = 0
         self._last_auto_commit = time.monotonic()
@@ -212,7 +216,7 @@ class GroupMember:
         """
         self._ensure_usable()
         deadline = time.monotonic() + (0.0 if timeout is None or timeout < 0 else timeout)
-        self._post_poll(force=True)
+        self._post_poll()
         while True:
             self._dispatch_background_events()
             remaining = deadline - time.monotonic()
@@ -221,12 +225,23 @@ class GroupMember:
             self._await_background(min(remaining, _POLL_EVENT_INTERVAL_S))
             self._post_poll()
 
-    def _post_poll(self, force: bool = False) -> None:
+    def _post_poll(self) -> None:
+        """Tell the core the application is polling (resets the poll timer, lets revocations
+        run). A stable member only needs the poll timer reset, so it posts rarely and does not
+        wake the background thread; during a rebalance every poll counts."""
         now = time.monotonic()
-        if force or now - self._last_poll_event >= _POLL_EVENT_INTERVAL_S:
+        gap = now - self._last_poll_event
+        if gap < _REBALANCE_POLL_GAP_S:
+            return
+        if self._core.state is MemberState.STABLE:
+            if gap < self._stable_poll_gap:
+                return
             self._last_poll_event = now
             self._core.submit(Poll(_now_ms()))
-            self._wake()
+            return
+        self._last_poll_event = now
+        self._core.submit(Poll(_now_ms()))
+        self._wake()
 
     def _await_background(self, timeout: float) -> None:
         with self._wakeup:
@@ -528,7 +543,7 @@ class GroupMember:
                 wait_ms = min(wait_ms, max(int(due_ms), 0))
         if self._core.background_events:
             self._wake_app()
-        return max(min(wait_ms / 1000, 0.5, self._auto_commit_wait()), 0.0)
+        return max(min(wait_ms / 1000, self._auto_commit_wait()), 0.0)
 
     def _wake_app(self) -> None:
         with self._wakeup:
@@ -601,8 +616,8 @@ class GroupMember:
                 log.warning("group %s: async commit failed: %s", self.group_id, exc)
 
     def _auto_commit_wait(self) -> float:
-        if not self._config.enable_auto_commit:
-            return 0.5
+        if not self._config.enable_auto_commit or self._config.auto_commit_interval_ms <= 0:
+            return 5.0
         interval = self._config.auto_commit_interval_ms / 1000
         return max(self._last_auto_commit + interval - time.monotonic(), 0.01)
 
