@@ -1,10 +1,11 @@
-"""``consumer-sdk`` command line: ``demo`` (more subcommands arrive with their features)."""
+"""``consumer-sdk`` command line: ``demo``, ``describe GROUP``, ``plan`` and ``simulate``."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 
 def demo(args: argparse.Namespace) -> int:
@@ -14,7 +15,84 @@ def demo(args: argparse.Namespace) -> int:
     return Demo(sys.stdout, args.members, args.partitions, args.step).run()
 
 
+def describe(args: argparse.Namespace) -> int:
+    """ConsumerGroupDescribe: members, epochs, assigned vs target partitions."""
+    from consumer_sdk.errors import KafkaException
+    from consumer_sdk.protocol.client import ClusterClient
+
+    with ClusterClient({"bootstrap.servers": args.bootstrap_servers}) as client:
+        try:
+            group = client.describe_group(args.group, args.timeout)
+            names = client.metadata(None, args.timeout)
+        except KafkaException as exc:
+            sys.stderr.write(f"describe {args.group!r} failed: {exc.args[0].str()}\n")
+            return 1
+
+    def fmt(parts: dict[Any, tuple[int, ...]]) -> str:
+        out = []
+        for topic_id, ps in sorted(parts.items(), key=lambda kv: str(kv[0])):
+            name = names.topic_name(topic_id) or str(topic_id)
+            out.append(f"{name}[{','.join(map(str, ps))}]")
+        return " ".join(out) or "-"
+
+    sys.stdout.write(
+        f"group {group['group_id']}: state {group['state']}, group epoch {group['group_epoch']}, "
+        f"assignment epoch {group['assignment_epoch']}, assignor {group['assignor']}\n"
+    )
+    for m in group["members"]:
+        static = f" instance {m['instance_id']}" if m["instance_id"] else ""
+        sys.stdout.write(
+            f"  {m['member_id']}{static} epoch {m['member_epoch']} ({m['client_id']}@"
+            f"{m['client_host']})\n    assigned {fmt(m['assignment'])}\n"
+            f"    target   {fmt(m['target_assignment'])}\n"
+        )
+    return 0
+
+
+def plan(args: argparse.Namespace) -> int:
+    """Preview what a server-side assignor does for a group (and what moves)."""
+    import json
+
+    from consumer_sdk.assignors import Subscription, assign, explain
+
+    partitions: dict[str, int] = {}
+    for spec in args.topic:
+        name, _, count = spec.rpartition(":")
+        if not name or not count.isdigit():
+            sys.stderr.write(f"--topic {spec!r}: expected NAME:PARTITIONS\n")
+            return 2
+        partitions[name] = int(count)
+    previous: dict[str, dict[str, set[int]]] = {}
+    if args.previous:
+        with open(args.previous) as f:
+            raw = json.load(f)
+        previous = {m: {t: set(ps) for t, ps in topics.items()} for m, topics in raw.items()}
+    members = {f"member-{i + 1}": Subscription(topics=set(partitions)) for i in range(args.members)}
+    for m in previous:
+        members.setdefault(m, Subscription(topics=set(partitions)))
+    target = assign(args.assignor, members=members, partitions=partitions, previous=previous)
+    sys.stdout.write(f"{args.assignor} assignment of {sum(partitions.values())} partitions "
+                     f"to {len(members)} members\n")  # fmt: skip
+    for member in sorted(target):
+        parts = target[member]
+        total = sum(len(ps) for ps in parts.values())
+        desc = " ".join(f"{t}[{','.join(map(str, sorted(ps)))}]" for t, ps in sorted(parts.items()))
+        sys.stdout.write(f"  {member:<12} {total:>4}  {desc or '-'}\n")
+    if previous:
+        sys.stdout.write("changes from --previous:\n" + explain(previous, target) + "\n")
+    if args.json:
+        result = {m: {t: sorted(ps) for t, ps in parts.items()} for m, parts in target.items()}
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["simulate"]:  # its own parser and flags
+        from consumer_sdk.simulation.cli import main as simulation_main
+
+        return simulation_main(argv[1:])
     parser = argparse.ArgumentParser(prog="consumer-sdk", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     p_demo = sub.add_parser("demo", help="run the demo on EmbeddedKafka")
@@ -22,6 +100,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_demo.add_argument("--partitions", type=int, default=6)
     p_demo.add_argument("--step", type=float, default=1.0, help="seconds between steps")
     p_demo.set_defaults(func=demo)
+    p_desc = sub.add_parser("describe", help="describe a consumer group (ConsumerGroupDescribe)")
+    p_desc.add_argument("group")
+    p_desc.add_argument("--bootstrap-servers", "-b", required=True)
+    p_desc.add_argument("--timeout", type=float, default=10.0)
+    p_desc.set_defaults(func=describe)
+    p_plan = sub.add_parser("plan", help="preview a server-side assignment")
+    p_plan.add_argument("--assignor", default="uniform", choices=["uniform", "range"])
+    p_plan.add_argument("--members", type=int, default=3)
+    p_plan.add_argument("--topic", action="append", required=True, help="NAME:PARTITIONS")
+    p_plan.add_argument("--previous", help="JSON {member: {topic: [partitions]}}")
+    p_plan.add_argument("--json", help="write the target assignment to this file")
+    p_plan.set_defaults(func=plan)
+    sub.add_parser("simulate", help="rehearse rebalances in the simulator "
+                   "(flags of python -m consumer_sdk.simulation)")  # fmt: skip
     args = parser.parse_args(argv)
     result: int = args.func(args)
     return result
