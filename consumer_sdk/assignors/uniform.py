@@ -18,10 +18,12 @@ kept whole get a plain copy of their previous dict.
 
 from __future__ import annotations
 
-from bisect import insort
+from bisect import bisect_right, insort
+from collections import deque
 from collections.abc import Collection, Mapping, Sequence
 from heapq import heapify, heappop, heappush
-from itertools import chain, groupby
+from itertools import accumulate, chain, groupby, repeat
+from typing import cast
 
 from consumer_sdk.assignors._common import (
     Assignment,
@@ -78,10 +80,11 @@ class UniformAssignor(Assignor):
 class _Chunks:
     """Frozensets for runs of free partitions, shared when the same run recurs."""
 
-    __slots__ = ("_runs",)
+    __slots__ = ("_lists", "_runs")
 
     def __init__(self) -> None:
         self._runs: dict[tuple[int, int], frozenset[int]] = {}
+        self._lists: dict[tuple[int, int, int], list[frozenset[int]]] = {}
 
     def get(self, free: Sequence[int], start: int, stop: int) -> frozenset[int]:
         """``frozenset(free[start:stop])``."""
@@ -97,16 +100,20 @@ class _Chunks:
         """``count`` consecutive runs of ``size`` partitions of ``free`` from ``start``."""
         if type(free) is not range:
             return [frozenset(free[i : i + size]) for i in range(start, start + size * count, size)]
-        runs = self._runs
-        base = free.start + start
-        out: list[frozenset[int]] = []
-        for lo in range(base, base + size * count, size):
-            key = (lo, lo + size)
-            fs = runs.get(key)
-            if fs is None:
-                fs = runs[key] = frozenset(range(lo, lo + size))
-            out.append(fs)
-        return out
+        key = (free.start + start, size, count)
+        runs = self._lists.get(key)
+        if runs is None:
+            lo = key[0]
+            starts = range(lo, lo + size * count, size)
+            stops = range(lo + size, lo + size * (count + 1), size)
+            runs = self._lists[key] = list(map(frozenset, map(range, starts, stops)))
+        return runs
+
+
+def _single_topic_dicts(topic: T, parts: list[frozenset[int]]) -> list[dict[T, frozenset[int]]]:
+    """``[{topic: p} for p in parts]``, hashing ``topic`` once (``dict.fromkeys`` with a dict
+    argument reuses its stored hash; ``uuid.UUID`` hashes in Python)."""
+    return list(map(dict.fromkeys, repeat({topic: None}), parts))
 
 
 def _homogeneous(
@@ -124,13 +131,10 @@ def _homogeneous(
     index = TopicIndex(topics)
     held: list[dict[T, frozenset[int]]]
     unclaimed: Sequence[Sequence[int]]
-    if previous:
-        retained = retain_previous(member_ids, None, index, counts, previous)
-        held, unclaimed, sizes = retained.held, retained.unclaimed, retained.sizes
-    else:
-        held = [{} for _ in member_ids]
-        unclaimed = [range(c) for c in counts]
-        sizes = [0] * n
+    if not previous:
+        return dict(zip(member_ids, _fill_fresh(topics, counts, n), strict=True))
+    retained = retain_previous(member_ids, None, index, counts, previous)
+    held, unclaimed, sizes = retained.held, retained.unclaimed, retained.sizes
 
     # Quotas: min_quota each, plus one for `extra` members. Members already above the
     # minimum keep their extra first (in member order), so a balanced target is stable;
@@ -143,8 +147,7 @@ def _homogeneous(
         left = extra - min(extra, len(above))
         if left:
             rest = [mi for mi, size in enumerate(sizes) if size <= min_quota]
-            if previous:
-                rest.sort(key=sizes.__getitem__)
+            rest.sort(key=sizes.__getitem__)
             for mi in rest[:left]:
                 caps[mi] += 1
 
@@ -196,6 +199,54 @@ def _homogeneous(
             old = mine.get(topic) if mine else None
             mine[topic] = fs if old is None else old | fs
     return dict(zip(member_ids, held, strict=True))
+
+
+def _fill_fresh(topics: list[T], counts: list[int], n: int) -> list[dict[T, frozenset[int]]]:
+    """Homogeneous assignment without a previous target, in bulk.
+
+    Same result as the general fill: member ``i`` (in id order) takes the next ``quota``
+    (+1 for the first ``total % n`` members) partitions of the topics laid end to end.
+    Members whose run lies inside one topic are built with C-level loops; the few that
+    straddle a topic boundary one by one.
+    """
+    total = sum(counts)
+    min_quota, extra = divmod(total, n)
+    offsets = [0, *accumulate(counts)]
+    out: list[dict[T, frozenset[int]] | None] = [None] * n
+    chunks = _Chunks()
+    # Two phases of equal-sized runs: members [0, extra) take min_quota + 1, the rest
+    # min_quota. Member first + k of a phase starts at base + k * size.
+    for first, stop, size, base in (
+        (0, extra, min_quota + 1, 0),
+        (extra, n, min_quota, extra * (min_quota + 1)),
+    ):
+        if first >= stop:
+            continue
+        if size == 0:
+            out[first:stop] = [{} for _ in range(stop - first)]
+            continue
+        for ti, topic in enumerate(topics):
+            lo, hi = offsets[ti], offsets[ti + 1]
+            k_lo = max(0, -((base - lo) // size))  # first run starting at or after lo
+            k_hi = min(stop - first, (hi - base) // size)  # runs ending at or before hi
+            if k_lo < k_hi:
+                runs = chunks.split(range(hi - lo), base + k_lo * size - lo, size, k_hi - k_lo)
+                out[first + k_lo : first + k_hi] = _single_topic_dicts(topic, runs)
+    for i in [i for i, d in enumerate(out) if d is None]:
+        start = i * min_quota + min(i, extra)
+        end = start + min_quota + (i < extra)
+        mine: dict[T, frozenset[int]] = {}
+        ti = bisect_right(offsets, start) - 1
+        while start < end:
+            cut = min(end, offsets[ti + 1])
+            if cut > start:
+                mine[topics[ti]] = chunks.get(
+                    range(counts[ti]), start - offsets[ti], cut - offsets[ti]
+                )
+            start = cut
+            ti += 1
+        out[i] = mine
+    return cast("list[dict[T, frozenset[int]]]", out)
 
 
 class _Signatures:
@@ -345,8 +396,9 @@ def _fill_least_loaded(
 
     offset = 0
     pos = 0
-    at_level: list[int] = []
-    above: list[int] = []
+    # Members ending at `level` and at `level + 1`, as runs sorted by index.
+    at_level: list[list[int]] = []
+    above: list[list[int]] = []
     for load, mis in levels[:j]:
         split = min(max(rem - pos, 0), len(mis))
         pos += len(mis)
@@ -356,35 +408,46 @@ def _fill_least_loaded(
         ):
             if not seg:
                 continue
-            bucket.extend(seg)
+            bucket.append(seg)
             gain = target - load
             if gain > 0:
                 fsets = chunks.split(free, offset, gain, len(seg))
                 offset += gain * len(seg)
                 if fresh:
-                    for mi, fs in zip(seg, fsets, strict=True):
-                        held[mi][topic] = fs
+                    # held[mi][topic] = fs for each receiver, looping in C.
+                    deque(
+                        map(
+                            dict.update,
+                            map(held.__getitem__, seg),
+                            _single_topic_dicts(topic, fsets),
+                        ),
+                        maxlen=0,
+                    )
                 else:
                     for mi, fs in zip(seg, fsets, strict=True):
                         mine = held[mi]
                         old = mine.get(topic)
                         mine[topic] = fs if old is None else old | fs
-                for mi in seg:
-                    loads[mi] = target
+                deque(map(loads.__setitem__, seg, repeat(target)), maxlen=0)
     # New levels: [level] + [level + 1] + untouched higher levels.
     rest = levels[j:]
     new_levels: list[tuple[int, list[int]]] = []
     if at_level:
-        new_levels.append((level, sorted(at_level)))
+        new_levels.append((level, _merge_runs(at_level)))
     if rest and rest[0][0] == level + 1:
-        above.extend(rest[0][1])
+        above.append(rest[0][1])
         rest = rest[1:]
     if above:
-        new_levels.append((level + 1, sorted(above)))
+        new_levels.append((level + 1, _merge_runs(above)))
     new_levels.extend(rest)
     signatures.levels[sig] = new_levels
     for other in signatures.overlaps[sig]:
         signatures.levels[other] = None
+
+
+def _merge_runs(runs: list[list[int]]) -> list[int]:
+    """Merge ascending lists of member indexes into one ascending list."""
+    return runs[0] if len(runs) == 1 else sorted(chain.from_iterable(runs))
 
 
 def _balance(

@@ -269,3 +269,11 @@ def test_range_puts_static_members_first(group: Group) -> None:
             assert 0 in target[order[0]][topic]
             statics = [m for m in order if group.members[m].instance_id is not None]
             assert order[: len(statics)] == statics
+
+
+@given(group=groups(previous=False), name=st.sampled_from(ASSIGNORS))
+def test_previous_of_departed_members_changes_nothing(group: Group, name: str) -> None:
+    """An empty previous target (bulk path) and one that only names departed members
+    (general path) give the same result."""
+    ghost = {"departed": {t: frozenset(range(n)) for t, n in group.partitions.items()}}
+    assert run(name, group, previous={}) == run(name, group, previous=ghost)
