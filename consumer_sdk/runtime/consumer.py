@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -38,8 +39,11 @@ class Consumer(GroupMember):
 
     def __init__(self, config: Mapping[str, Any]) -> None:
         super().__init__(config)
+        fetcher_config = self._config.fetcher_config()
+        if "stats_cb" in fetcher_config:
+            fetcher_config["stats_cb"] = self._stats_with_group_block
         try:
-            self._fetcher = Fetcher(self._config.fetcher_config())
+            self._fetcher = Fetcher(fetcher_config)
         except BaseException:
             super().close(timeout=1.0)
             raise
@@ -90,6 +94,16 @@ class Consumer(GroupMember):
             if msgs or time.monotonic() >= deadline:
                 return msgs
             self._post_poll()
+
+    def _stats_with_group_block(self, stats_json: str) -> None:
+        """librdkafka's statistics JSON (from the fetcher) plus its ``cgrp`` block, filled in
+        from this member; then the user's ``stats_cb``."""
+        try:
+            stats = json.loads(stats_json)
+        except ValueError:
+            stats = {}
+        stats["cgrp"] = self.group_stats()
+        self._config.callbacks["stats_cb"](json.dumps(stats))
 
     def _slice(self) -> float:
         if self._core.background_events or self._core.state in _REBALANCING:

@@ -87,6 +87,8 @@ class GroupMember:
         c = self._config
         self._client = ClusterClient({**c.raw_connection, "bootstrap.servers": c.bootstrap_servers})
         self._core_lock = threading.RLock()
+        self._state_since_ms = _now_ms()
+        self._last_transition_reason = ""
         self._core = GroupMembership(
             MembershipConfig(
                 group_id=c.group_id,
@@ -99,6 +101,7 @@ class GroupMember:
                 retry_backoff_max_ms=c.retry_backoff_max_ms,
                 client_id=c.client_id,
             ),
+            on_state_change=self._on_state_change,
         )
         self._offsets = OffsetManager(self._client, c.group_id, c.group_instance_id)
         self._on_assign: RebalanceCallback | None = None
@@ -154,12 +157,38 @@ class GroupMember:
         with self._core_lock:
             return _tps(self._core.assigned_partitions)
 
+    def group_stats(self) -> dict[str, Any]:
+        """The ``cgrp`` block of librdkafka's statistics JSON for this member."""
+        now = _now_ms()
+        with self._core_lock:
+            m = self._core.metrics.snapshot(now)
+            state = self._core.state
+            assigned = len(self._core.assigned_partitions)
+        since_state = now - self._state_since_ms
+        last = m["last-rebalance-seconds-ago"]
+        return {
+            "state": "up" if self._core.coordinator_known else "wait-coord",
+            "stateage": since_state,
+            "join_state": state.name.lower(),
+            "rebalance_age": int(last * 1000) if last >= 0 else 0,
+            "rebalance_cnt": int(m["rebalance-total"]),
+            "rebalance_reason": self._last_transition_reason,
+            "assignment_size": assigned,
+            "member_id": self.member_id,
+            "member_epoch": self.member_epoch,
+        }
+
     def metrics(self) -> dict[str, float]:
         """The Java consumer's ``consumer-coordinator-metrics`` by name."""
         with self._core_lock:
             return self._core.metrics.snapshot(_now_ms())
 
     # -- subscription -----------------------------------------------------------------------
+
+    def _on_state_change(self, event: StateChanged) -> None:
+        if event.old is not event.new:
+            self._state_since_ms = _now_ms()
+        self._last_transition_reason = event.reason
 
     def subscribe(
         self,

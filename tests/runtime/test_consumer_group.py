@@ -320,3 +320,53 @@ def test_callback_exception_is_raised_from_poll(embedded_kafka: EmbeddedKafka) -
 def test_bad_configuration_names_the_key(extra: dict[str, Any], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         Consumer({"bootstrap.servers": "127.0.0.1:1", "group.id": "g", **extra})
+
+
+def test_metrics_and_stats_cb_group_block(embedded_kafka: EmbeddedKafka) -> None:
+    import json
+
+    topic, group = "rt-metrics", "rt-metrics-g"
+    embedded_kafka.create_topic(topic, partitions=2)
+    stats: list[dict[str, Any]] = []
+    c = Consumer({**config(embedded_kafka, group), "statistics.interval.ms": 200,
+                  "stats_cb": lambda s: stats.append(json.loads(s))})  # fmt: skip
+    try:
+        c.subscribe([topic])
+        wait_for(lambda: c.poll(0.1) is None and c.state is MemberState.STABLE, what="stable")
+
+        def stable_stats() -> bool:
+            c.poll(0.1)
+            return any(s["cgrp"]["join_state"] == "stable" for s in stats)
+
+        wait_for(stable_stats, what="a stats_cb with a cgrp block")
+        block = stats[-1]["cgrp"]
+        assert block["assignment_size"] == 2 and block["member_id"] == c.member_id
+        assert block["rebalance_cnt"] >= 1 and block["state"] == "up"
+        assert "brokers" in stats[-1], "librdkafka's own statistics are kept"
+        metrics = c.metrics()
+        assert metrics["heartbeat-total"] >= 1 and metrics["assigned-partitions"] == 2
+        assert metrics["rebalance-total"] >= 1
+        for name in ("rebalance-latency-avg", "partition-assigned-latency-max",
+                     "commit-latency-avg", "last-heartbeat-seconds-ago"):  # fmt: skip
+            assert name in metrics
+    finally:
+        c.close()
+
+
+def test_log_lines_carry_the_reference_prefix(
+    embedded_kafka: EmbeddedKafka, caplog: pytest.LogCaptureFixture
+) -> None:
+    import logging
+
+    topic, group = "rt-log", "rt-log-g"
+    embedded_kafka.create_topic(topic, partitions=1)
+    caplog.set_level(logging.INFO, logger="consumer_sdk")
+    c = Consumer({**config(embedded_kafka, group), "client.id": "log-client"})
+    try:
+        c.subscribe([topic])
+        wait_for(lambda: c.poll(0.1) is None and c.state is MemberState.STABLE, what="stable")
+        prefix = f"[Consumer clientId=log-client, groupId={group}, memberId={c.member_id}"
+        lines = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+        assert any(line.startswith(prefix) and "to STABLE" in line for line in lines), lines
+    finally:
+        c.close()
