@@ -20,6 +20,7 @@ not benchmarked (``isRackAware=false``).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import json
 import math
@@ -116,8 +117,12 @@ class Case:
 @dataclass(frozen=True, slots=True)
 class Result:
     case: Case
-    ms: float  # median
+    ms: float
+    """Median wall-clock time (time.perf_counter) per assign call, ms."""
     best: float
+    """Fastest wall-clock time, ms."""
+    cpu: float
+    """Median CPU time of the process (time.process_time), ms: robust to other load."""
     runs: int
 
 
@@ -180,6 +185,7 @@ def run_case(case: Case, budget_s: float, max_runs: int) -> Result:
     assignor = get_assignor(case.assignor.lower())
     expected = len(partitions) * case.partitions_per_topic
     times: list[float] = []
+    cpu: list[float] = []
     gc.collect()
     gc.disable()
     try:
@@ -193,13 +199,21 @@ def run_case(case: Case, budget_s: float, max_runs: int) -> Result:
         gc.collect()
         runs = max(3, min(max_runs, int(budget_s / max(elapsed, 1e-6))))
         for _ in range(runs):
+            start_cpu = time.process_time()
             start = time.perf_counter()
             assignor.assign(members, partitions, previous)
             times.append(time.perf_counter() - start)
+            cpu.append(time.process_time() - start_cpu)
             gc.collect()
     finally:
         gc.enable()
-    return Result(case, statistics.median(times) * 1e3, min(times) * 1e3, len(times))
+    return Result(
+        case,
+        statistics.median(times) * 1e3,
+        min(times) * 1e3,
+        statistics.median(cpu) * 1e3,
+        len(times),
+    )
 
 
 def run_case_forked(case: Case, budget_s: float, max_runs: int) -> Result:
@@ -226,7 +240,7 @@ def run_case_forked(case: Case, budget_s: float, max_runs: int) -> Result:
     if proc.returncode != 0:
         raise RuntimeError(f"{spec} failed:\n{proc.stdout}{proc.stderr}")
     data = json.loads(proc.stdout.strip().splitlines()[-1])
-    return Result(case, data["ms"], data["best"], data["runs"])
+    return Result(case, data["ms"], data["best"], data["cpu"], data["runs"])
 
 
 def _parse_case(spec: str) -> Case:
@@ -244,7 +258,13 @@ def _fmt_ms(ms: float) -> str:
     return f"{ms:.3f}"
 
 
-def render(results: list[Result], quick: bool, wall_s: float, budget_s: float) -> str:
+def render(
+    results: list[Result],
+    quick: bool,
+    wall_s: float,
+    budget_s: float,
+    loads: tuple[tuple[float, float, float], tuple[float, float, float]],
+) -> str:
     command = "python -m bench.assignors" + (" --quick" if quick else "")
     lines = [
         "# Assignor benchmark",
@@ -253,52 +273,53 @@ def render(results: list[Result], quick: bool, wall_s: float, budget_s: float) -
         "The inputs reproduce the grid of apache/kafka's JMH `ServerSideAssignorBenchmark`",
         "(rack awareness off). Each case runs in a fresh interpreter, like JMH's fork: one",
         f"warm-up run, then timed runs for about {budget_s:g} s (at least 3), with the garbage",
-        "collector off while timing. *ms/op* is the median and *best* the fastest run.",
-        "*Java* is the published JMH figure where one exists (KIP-848 reference, section 10;",
-        "measured by the PR authors on their machines), and *ratio* = ours / Java.",
+        "collector off while timing.",
+        "",
+        "- *ms/op*: median wall-clock time (`time.perf_counter`) of one `assign` call;",
+        "  *best*: the fastest run; *cpu*: median CPU time of the process",
+        "  (`time.process_time`), which other load on a shared machine inflates much less.",
+        "- *Java*: the published JMH figure (ms/op, AverageTime) where one exists (KIP-848",
+        "  reference, section 10), measured by the PR authors on their own machines, so the",
+        "  ratios are indicative only. *ratio* = ms/op / Java; *ratio best* = best / Java.",
         "",
         f"- Machine: {platform.machine()}, {os.cpu_count()} CPUs, {_cpu_model()}",
         f"- Python: {platform.python_implementation()} {platform.python_version()}"
         f" ({platform.system()} {platform.release()})",
+        f"- Load average (1/5/15 min) before: {_fmt_load(loads[0])}, after: {_fmt_load(loads[1])}",
         f"- Cases: {len(results)}, wall time {wall_s:.0f} s",
         "",
     ]
-    goal = [r for r in results if r.case.key in GOALS]
-    if goal:
-        lines += [
-            "## Goal cases",
-            "",
-            "| case | ours ms/op | Java ms/op | ratio |",
-            "|---|---:|---:|---:|",
-        ]
-        for r in goal:
-            java = JAVA_MS[r.case.key]
-            lines.append(f"| {_label(r.case)} | {_fmt_ms(r.ms)} | {java:g} | {r.ms / java:.2f}x |")
-        lines.append("")
     compared = [r for r in results if r.case.key in JAVA_MS]
-    if compared:
+    goal = [r for r in compared if r.case.key in GOALS]
+    for title, rows in (("Goal cases", goal), ("Cases with a published Java figure", compared)):
+        if not rows:
+            continue
         lines += [
-            "## Cases with a published Java figure",
+            f"## {title}",
             "",
-            "| case | ours ms/op | Java ms/op | ratio |",
-            "|---|---:|---:|---:|",
+            "| case | ms/op | best | cpu | Java | ratio | ratio best |",
+            "|---|---:|---:|---:|---:|---:|---:|",
         ]
-        for r in compared:
+        for r in rows:
             java = JAVA_MS[r.case.key]
-            lines.append(f"| {_label(r.case)} | {_fmt_ms(r.ms)} | {java:g} | {r.ms / java:.2f}x |")
+            lines.append(
+                f"| {_label(r.case)} | {_fmt_ms(r.ms)} | {_fmt_ms(r.best)} | {_fmt_ms(r.cpu)} |"
+                f" {java:g} | {r.ms / java:.2f}x | {r.best / java:.2f}x |"
+            )
+        lines.append("")
+    if compared:
         ratios = [r.ms / JAVA_MS[r.case.key] for r in compared]
         lines += [
-            "",
-            f"Ratio range {min(ratios):.2f}x to {max(ratios):.2f}x, geometric mean"
-            f" {statistics.geometric_mean(ratios):.2f}x over {len(compared)} cases.",
+            f"Over these {len(compared)} cases ratio ranges from {min(ratios):.2f}x to"
+            f" {max(ratios):.2f}x (geometric mean {statistics.geometric_mean(ratios):.2f}x).",
             "",
         ]
     lines += [
         "## All cases",
         "",
         "| assignor | subscription | assignment | members | ratio | topics | partitions |"
-        " ms/op | best | runs | Java | ratio |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        " ms/op | best | cpu | runs | Java | ratio |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
         c = r.case
@@ -307,9 +328,13 @@ def render(results: list[Result], quick: bool, wall_s: float, budget_s: float) -
         lines.append(
             f"| {c.assignor.lower()} | {c.subscription.lower()} | {c.assignment.lower()} |"
             f" {c.members} | {c.ratio} | {c.topics} | {c.partitions_per_topic * c.topics} |"
-            f" {_fmt_ms(r.ms)} | {_fmt_ms(r.best)} | {r.runs} | {java_cols} |"
+            f" {_fmt_ms(r.ms)} | {_fmt_ms(r.best)} | {_fmt_ms(r.cpu)} | {r.runs} | {java_cols} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def _fmt_load(load: tuple[float, float, float]) -> str:
+    return "/".join(f"{x:.2f}" for x in load)
 
 
 def _label(case: Case) -> str:
@@ -363,7 +388,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.run_case:
         result = run_case(_parse_case(args.run_case), budget, args.max_runs)
-        print(json.dumps({"ms": result.ms, "best": result.best, "runs": result.runs}))
+        print(json.dumps(dataclasses.asdict(result) | {"case": None}))
         return 0
 
     filters = [f.strip().upper() for f in args.only.split(",") if f.strip()]
@@ -371,7 +396,8 @@ def main(argv: list[str] | None = None) -> int:
     run = run_case if args.in_process else run_case_forked
     results: list[Result] = []
     started = time.perf_counter()
-    print(f"{'case':<52} {'ms/op':>9} {'best':>9} {'runs':>5} {'java':>8} {'ratio':>7}")
+    load_before = os.getloadavg()
+    print(f"{'case':<52} {'ms/op':>9} {'best':>9} {'cpu':>9} {'runs':>5} {'java':>8} {'ratio':>7}")
     for case in selected:
         result = run(case, budget, args.max_runs)
         results.append(result)
@@ -379,12 +405,13 @@ def main(argv: list[str] | None = None) -> int:
         extra = f"{java:>8g} {result.ms / java:>6.1f}x" if java is not None else ""
         print(
             f"{_label(case):<52} {_fmt_ms(result.ms):>9} {_fmt_ms(result.best):>9}"
-            f" {result.runs:>5} {extra}",
+            f" {_fmt_ms(result.cpu):>9} {result.runs:>5} {extra}",
             flush=True,
         )
     wall = time.perf_counter() - started
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(render(results, args.quick, wall, budget), encoding="utf-8")
+    loads = (load_before, os.getloadavg())
+    args.out.write_text(render(results, args.quick, wall, budget, loads), encoding="utf-8")
     print(f"wrote {args.out} ({len(results)} cases, {wall:.0f} s)")
     return 0
 
