@@ -1,0 +1,326 @@
+"""Executor side: read one offset range with a cached assign-only consumer, as Arrow batches.
+
+The consumers live in this module's globals, so they survive across tasks in a reused
+Python worker (Spark reuses workers; an idle one is killed after a minute, closing them).
+They use the group id ``<group.id>-spark-executor``, never subscribe and never commit, so
+they never join a group. A consumer that finished a range at offset ``n`` is paused, and
+continues without a seek when the next range of that partition starts at ``n``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+
+from spark_integration.offsets import DataLossError, OffsetRange
+
+__all__ = [
+    "KAFKA_SCHEMA_DDL",
+    "DataLossError",
+    "ReadTask",
+    "arrow_schema",
+    "cached_consumers",
+    "close_cached_consumers",
+    "read_range",
+]
+
+log = logging.getLogger("spark_integration")
+#: librdkafka's own log lines (e.g. reconnect attempts of an idle cached consumer).
+_KAFKA_LOG = logging.getLogger("spark_integration.librdkafka")
+
+#: Spark's Kafka source schema (``headers`` only with ``includeHeaders``).
+KAFKA_SCHEMA_DDL = (
+    "key binary, value binary, topic string, partition int, offset long, "
+    "timestamp timestamp, timestampType int"
+)
+HEADERS_DDL = "headers array<struct<key:string,value:binary>>"
+
+_CACHE_CAPACITY = 64
+_IDLE_CLOSE_S = 300.0
+_CONSUME_SLICE_S = 0.5
+# confluent-kafka's TIMESTAMP_* -> Kafka's TimestampType id, as Spark's source reports it.
+_TIMESTAMP_TYPE = {0: -1, 1: 0, 2: 1}
+
+
+def arrow_schema(include_headers: bool) -> pa.Schema:
+    """Exactly ``to_arrow_schema(kafka_schema, timezone="UTC")`` of pyspark 4.2+."""
+    fields = [
+        pa.field("key", pa.binary()),
+        pa.field("value", pa.binary()),
+        pa.field("topic", pa.string()),
+        pa.field("partition", pa.int32()),
+        pa.field("offset", pa.int64()),
+        pa.field("timestamp", pa.timestamp("us", tz="UTC")),
+        pa.field("timestampType", pa.int32()),
+    ]
+    if include_headers:
+        header = pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())])
+        fields.append(pa.field("headers", pa.list_(pa.field("element", header))))
+    return pa.schema(fields)
+
+
+@dataclass(frozen=True)
+class ReadTask:
+    """What one Spark task reads: a range plus the settings to read it (picklable)."""
+
+    range: OffsetRange
+    config: tuple[tuple[str, str], ...]
+    include_headers: bool
+    fail_on_data_loss: bool
+    poll_timeout_ms: int
+    arrow_batch_size: int
+
+    @classmethod
+    def make(
+        cls,
+        offset_range: OffsetRange,
+        config: Mapping[str, Any],
+        *,
+        include_headers: bool,
+        fail_on_data_loss: bool,
+        poll_timeout_ms: int,
+        arrow_batch_size: int,
+    ) -> ReadTask:
+        return cls(
+            offset_range,
+            tuple(sorted((str(k), str(v)) for k, v in config.items())),
+            include_headers,
+            fail_on_data_loss,
+            poll_timeout_ms,
+            arrow_batch_size,
+        )
+
+
+class _Cached:
+    def __init__(self, config: Mapping[str, str]) -> None:
+        self.consumer = Consumer({**config, "logger": _KAFKA_LOG})
+        self.next_offset = -1  # where a paused consumer continues without a seek
+        self.assigned: TopicPartition | None = None
+        self.last_used = time.monotonic()
+
+
+_lock = threading.Lock()
+_cache: OrderedDict[tuple[str, str, int], _Cached] = OrderedDict()
+
+
+def _close(entry: _Cached) -> None:
+    try:
+        entry.consumer.close()
+    except Exception as exc:  # closing is best-effort
+        log.debug("closing a cached consumer failed: %s", exc)
+
+
+def _checkout(config: tuple[tuple[str, str], ...], topic: str, partition: int) -> _Cached:
+    key = (json.dumps(config), topic, partition)
+    stale: list[_Cached] = []
+    with _lock:
+        now = time.monotonic()
+        for k in [k for k, e in _cache.items() if now - e.last_used > _IDLE_CLOSE_S]:
+            stale.append(_cache.pop(k))
+        entry = _cache.pop(key, None)
+        while len(_cache) >= _CACHE_CAPACITY:
+            stale.append(_cache.popitem(last=False)[1])
+    for e in stale:
+        _close(e)
+    return entry if entry is not None else _Cached(dict(config))
+
+
+def _checkin(config: tuple[tuple[str, str], ...], topic: str, partition: int, e: _Cached) -> None:
+    e.last_used = time.monotonic()
+    with _lock:
+        old = _cache.pop((json.dumps(config), topic, partition), None)
+        _cache[(json.dumps(config), topic, partition)] = e
+    if old is not None and old is not e:
+        _close(old)
+
+
+def cached_consumers() -> int:
+    """How many consumers this worker process keeps (for tests and diagnostics)."""
+    with _lock:
+        return len(_cache)
+
+
+def close_cached_consumers() -> None:
+    """Close every cached consumer of this process."""
+    with _lock:
+        entries = list(_cache.values())
+        _cache.clear()
+    for e in entries:
+        _close(e)
+
+
+atexit.register(close_cached_consumers)
+
+
+class _Columns:
+    def __init__(self, include_headers: bool) -> None:
+        self.include_headers = include_headers
+        self.clear()
+
+    def clear(self) -> None:
+        self.keys: list[bytes | None] = []
+        self.values: list[bytes | None] = []
+        self.offsets: list[int] = []
+        self.timestamps: list[int] = []
+        self.ts_types: list[int] = []
+        self.headers: list[list[dict[str, Any]] | None] = []
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    def add(self, msg: Any) -> None:
+        self.keys.append(msg.key())
+        self.values.append(msg.value())
+        self.offsets.append(msg.offset())
+        ts_type, ts = msg.timestamp()
+        self.timestamps.append(ts * 1000)
+        self.ts_types.append(_TIMESTAMP_TYPE.get(ts_type, -1))
+        if self.include_headers:
+            headers = msg.headers()
+            self.headers.append([{"key": k, "value": v} for k, v in headers] if headers else None)
+
+    def batch(self, schema: pa.Schema, topic: str, partition: int) -> pa.RecordBatch:
+        n = len(self.offsets)
+        arrays = [
+            pa.array(self.keys, pa.binary()),
+            pa.array(self.values, pa.binary()),
+            pa.array([topic] * n, pa.string()),
+            pa.array([partition] * n, pa.int32()),
+            pa.array(self.offsets, pa.int64()),
+            pa.array(self.timestamps, pa.timestamp("us", tz="UTC")),
+            pa.array(self.ts_types, pa.int32()),
+        ]
+        if self.include_headers:
+            arrays.append(pa.array(self.headers, schema.field("headers").type))
+        out = pa.RecordBatch.from_arrays(arrays, schema=schema)
+        self.clear()
+        return out
+
+
+def _data_loss(task: ReadTask, message: str) -> None:
+    r = task.range
+    text = (
+        f"{r.topic}[{r.partition}] offsets [{r.from_offset}, {r.until_offset}): {message}. "
+        "Some data may have been lost (deleted topic, retention or truncation); set "
+        "failOnDataLoss=false to skip missing records instead of failing"
+    )
+    if task.fail_on_data_loss:
+        raise DataLossError(text)
+    log.warning("%s", text)
+
+
+def read_range(task: ReadTask) -> Iterator[pa.RecordBatch]:
+    """Yield ``task.range`` as Arrow record batches in the Kafka source schema."""
+    r = task.range
+    schema = arrow_schema(task.include_headers)
+    if r.size <= 0:
+        return
+    entry = _checkout(task.config, r.topic, r.partition)
+    tp = TopicPartition(r.topic, r.partition, r.from_offset)
+    clean = False
+    try:
+        if entry.assigned is None or entry.next_offset != r.from_offset:
+            entry.consumer.assign([tp])  # a seek: drops whatever was prefetched
+            entry.assigned = tp
+        entry.consumer.resume([TopicPartition(r.topic, r.partition)])
+        entry.next_offset = -1
+        yield from _consume(entry, task, schema)
+        # Continue without a seek next time only if the consumer stopped exactly at the end.
+        pos = entry.consumer.position([TopicPartition(r.topic, r.partition)])[0].offset
+        entry.next_offset = r.until_offset if pos == r.until_offset else -1
+        clean = True
+    finally:
+        try:
+            entry.consumer.pause([TopicPartition(r.topic, r.partition)])
+        except KafkaException:
+            clean = False
+        if clean:
+            _checkin(task.config, r.topic, r.partition, entry)
+        else:
+            _close(entry)
+
+
+def _consume(entry: _Cached, task: ReadTask, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+    r = task.range
+    cols = _Columns(task.include_headers)
+    position = r.from_offset  # next offset this range still needs
+    deadline = time.monotonic() + task.poll_timeout_ms / 1000
+    while position < r.until_offset:
+        wanted = min(r.until_offset - position, task.arrow_batch_size)
+        msgs = entry.consumer.consume(wanted, _CONSUME_SLICE_S)
+        progressed = False
+        for msg in msgs:
+            err = msg.error()
+            if err is not None:
+                if err.code() == KafkaError._PARTITION_EOF:
+                    eof = msg.offset()
+                    if eof is not None and eof >= r.until_offset:
+                        position = r.until_offset  # the rest were control records or gaps
+                    elif eof is not None:
+                        # Not there yet (e.g. read_committed behind an open transaction).
+                        position = max(position, eof)
+                    continue
+                if err.code() == KafkaError._AUTO_OFFSET_RESET or (
+                    err.code() == KafkaError.OFFSET_OUT_OF_RANGE
+                ):
+                    _data_loss(task, f"offset {position} is out of range ({err.str()})")
+                    return_to = _earliest_after(entry, r.topic, r.partition, position)
+                    if return_to is None or return_to >= r.until_offset:
+                        position = r.until_offset
+                    else:
+                        position = return_to
+                        entry.consumer.assign([TopicPartition(r.topic, r.partition, position)])
+                    progressed = True
+                    break
+                if err.fatal() or not err.retriable():
+                    raise KafkaException(err)
+                log.warning("reading %s[%d]: %s", r.topic, r.partition, err.str())
+                continue
+            offset = msg.offset()
+            if offset is None or offset < position:
+                continue  # left over from before a seek
+            if offset >= r.until_offset:
+                position = r.until_offset
+                break
+            cols.add(msg)
+            position = offset + 1
+            progressed = True
+            if len(cols) >= task.arrow_batch_size:
+                yield cols.batch(schema, r.topic, r.partition)
+        if position >= r.until_offset:
+            break
+        if not progressed:
+            # Control records (transactions) and compaction leave gaps: ask the position.
+            pos = entry.consumer.position([TopicPartition(r.topic, r.partition)])[0].offset
+            if pos >= r.until_offset:
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"reading {r.topic}[{r.partition}] stalled at offset {position} for "
+                    f"{task.poll_timeout_ms} ms (kafkaConsumer.pollTimeoutMs) before reaching "
+                    f"{r.until_offset}"
+                )
+        else:
+            deadline = time.monotonic() + task.poll_timeout_ms / 1000
+    if len(cols):
+        yield cols.batch(schema, r.topic, r.partition)
+
+
+def _earliest_after(entry: _Cached, topic: str, partition: int, position: int) -> int | None:
+    try:
+        low, _ = entry.consumer.get_watermark_offsets(
+            TopicPartition(topic, partition), timeout=10.0, cached=False
+        )
+    except KafkaException:
+        return None
+    return max(int(low), position)
