@@ -31,17 +31,32 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--static-fraction", type=float, default=None)
     p.add_argument("--regex-fraction", type=float, default=None)
     p.add_argument("--poll-interval-ms", type=int, default=1_000)
-    p.add_argument("--rebalance-timeout-ms", type=int, default=60_000,
-                   help="the members' max.poll.interval.ms (default 60000)")
+    p.add_argument(
+        "--rebalance-timeout-ms",
+        type=int,
+        default=60_000,
+        help="the members' max.poll.interval.ms (default 60000)",
+    )
     p.add_argument("--session-timeout-ms", type=int, default=45_000)
     p.add_argument("--heartbeat-interval-ms", type=int, default=5_000)
-    p.add_argument("--static-rejoin-in-place", action="store_true",
-                   help="model apache/kafka#23542 (static member rejoining with its own id)")
-    p.add_argument("--no-coalesce-polls", action="store_true",
-                   help="deliver every application poll() to the core (slower)")
-    p.add_argument("--progress", type=float, default=None, metavar="MIN",
-                   help="a progress line on stderr every MIN virtual minutes "
-                   "(default: every 10 for runs of 30 minutes or more)")
+    p.add_argument(
+        "--static-rejoin-in-place",
+        action="store_true",
+        help="model apache/kafka#23542 (static member rejoining with its own id)",
+    )
+    p.add_argument(
+        "--no-coalesce-polls",
+        action="store_true",
+        help="deliver every application poll() to the core (slower)",
+    )
+    p.add_argument(
+        "--progress",
+        type=float,
+        default=None,
+        metavar="MIN",
+        help="a progress line on stderr every MIN virtual minutes "
+        "(default: every 10 for runs of 30 minutes or more)",
+    )
     p.add_argument("--keep-going", action="store_true", help="do not stop at the first violation")
     p.add_argument("--shrink", action="store_true", help="shrink a failing run's trace")
     p.add_argument("--trace-out", type=Path, help="write the (shrunk) trace of a failing run here")

@@ -203,7 +203,7 @@ class SimConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SimConfig:
         known = {f.name for f in fields(cls)}
-        kwargs = {
+        kwargs: dict[str, Any] = {
             k: (tuple(v) if isinstance(v, list) else v) for k, v in data.items() if k in known
         }
         return cls(**kwargs)

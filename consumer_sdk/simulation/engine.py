@@ -207,6 +207,8 @@ class Simulation:
         self._episode_start: int | None = None
         self._last_fault_end = 0
         self._stable_since = 0
+        self._windows = windows(config)
+        self._window = 0
         self._departed_slots: set[int] = set()
 
     # ------------------------------------------------------------------------------------------
@@ -403,11 +405,16 @@ class Simulation:
             self._drain(m)
             if not m.alive:
                 return
-            if result.request is not None:
-                self._send(m, result.request)
-                continue
             wait = result.next_poll_ms
-            break
+            request = result.request
+            if request is None:
+                break
+            self._send(m, request)
+            if request.member_epoch >= 0:
+                # With a regular heartbeat in flight the core sends nothing else (only a leave
+                # may overtake it, and entering LEAVING drives the core again), so the wait it
+                # returned already accounts for it: no need to poll it once more.
+                break
         if core.coordinator_needed and not m.find_inflight:
             self._find_coordinator(m)
         if core.metadata_needed and not m.metadata_inflight:
@@ -508,10 +515,9 @@ class Simulation:
                 if event.fatal and not m.fatal:
                     m.fatal = True
                     self._on_fatal(m, event)
-            elif isinstance(event, LeaveCompleted):
-                if m.closing:
-                    self._finish_close(m)
-                    return
+            elif isinstance(event, LeaveCompleted) and m.closing:
+                self._finish_close(m)
+                return
         epoch = m.core.member_epoch
         if epoch != m.last_epoch:
             self.report.checks += 1
@@ -630,18 +636,28 @@ class Simulation:
     # Network
     # ------------------------------------------------------------------------------------------
 
+    def _faulty(self) -> bool:
+        """Whether we are in a churn window (message loss and latency spikes stop outside)."""
+        wins = self._windows
+        now = self.now
+        i = self._window
+        while i < len(wins) and now >= wins[i][1]:
+            i += 1
+        self._window = i
+        return i < len(wins) and now >= wins[i][0]
+
     def _latency(self, slot: int) -> int:
         mix = self.mix
         rng = self._links[slot]
         lo, hi = mix.latency_ms
         latency = rng.randint(lo, hi) if hi > lo else lo
-        if mix.spike_probability and rng.random() < mix.spike_probability:
+        if mix.spike_probability and rng.random() < mix.spike_probability and self._faulty():
             latency += rng.randint(*mix.spike_ms)
         return latency
 
     def _lost(self, slot: int) -> bool:
         loss = self.mix.loss
-        return loss > 0 and self._links[slot].random() < loss
+        return loss > 0 and self._links[slot].random() < loss and self._faulty()
 
     def _reachable(self, m: _Member) -> bool:
         return m.partitioned_until <= self.now
@@ -908,9 +924,8 @@ class Simulation:
             if m.alive:
                 self._schedule_tick(m, now)
                 self._drive(m)
-        elif what == "heal":
-            if m.partitioned_until <= now:
-                self._drive(m)
+        elif what == "heal" and m.partitioned_until <= now:
+            self._drive(m)
 
     def _failover(self, down_ms: int, load_ms: int) -> None:
         """The coordinator moves: connections drop (in-flight requests fail with DISCONNECTED),
@@ -986,7 +1001,6 @@ class Simulation:
         """The end of a quiet window: the group must have converged."""
         report = self.report
         report.checkpoints += 1
-        now = self.now
         group = self.config.group_id
         coordinator = self.coordinator
         live = [m for m in self._slots.values() if m.alive and not m.closing]

@@ -117,15 +117,12 @@ class SimReport:
             f"  heartbeats         {self.heartbeats} ({self.messages_lost} messages lost)",
             f"  rebalances         {self.rebalances} target assignments, group epoch "
             f"{self.group_epoch}, {len(conv)} rebalance episodes",
-            "  convergence        p50 {:.1f}  p90 {:.1f}  p99 {:.1f}  max {:.1f} heartbeat "
-            "intervals".format(
-                percentile(conv, 0.5),
-                percentile(conv, 0.9),
-                percentile(conv, 0.99),
-                max(conv, default=0.0),
-            ),
-            f"  after faults stop  {', '.join(f'{x:.1f}' for x in self.checkpoint_convergence_hb)}"
-            " heartbeat intervals to converge, per checkpoint",
+            f"  convergence        p50 {percentile(conv, 0.5):.1f}  p90 {percentile(conv, 0.9):.1f}"
+            f"  p99 {percentile(conv, 0.99):.1f}  max {max(conv, default=0.0):.1f} heartbeat "
+            "intervals",
+            "  after faults stop  "
+            + ", ".join(f"{x:.1f}" for x in self.checkpoint_convergence_hb)
+            + " heartbeat intervals to converge, per checkpoint",
             f"  fault events       {_fmt(self.events_by_kind)}",
             f"  server removals    {_fmt(self.server_removals) or 'none'}",
             f"  fatal members      {_fmt(self.fatal_by_code) or 'none'}",
