@@ -134,6 +134,10 @@ class Consumer(GroupMember):
         offsets.update(self._revoking)
         return offsets
 
+    def _fence(self, parts: set[Partition]) -> None:
+        if parts:
+            self._fetcher.fence(parts)
+
     def _before_revoke(self, parts: list[Partition], lost: bool = False) -> None:
         if not parts:
             return
@@ -164,6 +168,10 @@ class Consumer(GroupMember):
 
     def _after_assign(self, starts: dict[Partition, int | None]) -> None:
         self._fetcher.assign(starts)
+        # A pass that fenced partitions for revocation may end up keeping some of them.
+        with self._core_lock:
+            owned = set(self._core.assigned_partitions)
+        self._fetcher.unfence(owned)
 
     def _close_data_plane(self, timeout: float) -> None:
         closer = threading.Thread(target=self._fetcher.close, daemon=True)

@@ -85,6 +85,26 @@ class Fetcher:
             for p in partitions:
                 self._fetchable.discard(p)
 
+    def unfence(self, partitions: Iterable[Partition]) -> None:
+        """Make fenced partitions that stay assigned fetchable again, from their position.
+
+        Records fetched while they were fenced were dropped, so each is rewound to the
+        offset after the last record delivered (or where it started)."""
+        rewind = []
+        with self._lock:
+            for key in partitions:
+                if key in self._assigned and key not in self._fetchable:
+                    msg = self._last.get(key)
+                    offset = msg.offset() if msg is not None else None
+                    position = offset + 1 if offset is not None else self._positions.get(key)
+                    self._fetchable.add(key)
+                    if position is not None:
+                        rewind.append(TopicPartition(key[0], key[1], position))
+        for tp in rewind:
+            self._consumer.seek(tp)
+        if rewind:
+            log.debug("fetcher unfenced %s", sorted((tp.topic, tp.partition) for tp in rewind))
+
     def assigned(self) -> set[Partition]:
         with self._lock:
             return set(self._assigned)
@@ -129,6 +149,7 @@ class Fetcher:
             return msg
         key = (msg.topic(), msg.partition())
         if key not in self._fetchable:
+            self._note_dropped(key, msg)  # type: ignore[arg-type]
             return None
         self._last[key] = msg
         return msg
@@ -153,7 +174,17 @@ class Fetcher:
             elif key in fetchable:
                 last[key] = msg
                 out.append(msg)
+            else:
+                self._note_dropped(key, msg)  # type: ignore[arg-type]
         return out
+
+    def _note_dropped(self, key: Partition, msg: Message) -> None:
+        """A fenced partition's record was dropped: if nothing was delivered from it yet,
+        remember where it starts, so :meth:`unfence` can rewind there."""
+        if key in self._assigned and key not in self._last and key not in self._positions:
+            offset = msg.offset()
+            if offset is not None:
+                self._positions[key] = offset
 
     def close(self) -> None:
         with self._lock:

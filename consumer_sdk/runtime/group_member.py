@@ -361,6 +361,9 @@ class GroupMember:
             callback(self, _tps(parts))
 
     # Hooks for the data plane (Consumer overrides them).
+    def _fence(self, parts: set[Partition]) -> None:
+        return None
+
     def _before_revoke(self, parts: list[Partition], lost: bool = False) -> None:
         return None
 
@@ -383,6 +386,11 @@ class GroupMember:
 
     def _commit_needed(self, event: CommitNeeded) -> None:
         error: str | None = None
+        # Reference step order: fence partitions pending revocation, then commit, so no record
+        # of them is handed out after the offsets that the next owner starts from.
+        with self._core_lock:
+            pending = set(self._core.pending_revocation)
+        self._fence(pending)
         offsets = self._consumed_offsets()
         deadline = time.monotonic() + max(event.deadline_ms - _now_ms(), 0) / 1000
         try:
