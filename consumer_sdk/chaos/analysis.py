@@ -1,0 +1,328 @@
+"""Offline checks of a chaos run: lost and duplicate records, ownership overlaps, committed
+offset regressions and slow closes. Pure functions over the JSON-lines logs.
+
+Ownership intervals come from each incarnation's callbacks: ``assign`` opens one, ``revoke``
+and ``lost`` close it. An incarnation killed with SIGKILL has its open intervals end at the
+kill. One that was SIGSTOPped and later reports ``lost`` had been fenced by the broker one
+session timeout after it stopped heartbeating, so its intervals open at the stop end then
+(or at the ``lost``, if earlier).
+
+A record processed more than once is *explained* when every processing but the last was done
+by an incarnation whose ownership ended by a kill, a ``lost`` or fencing (not by a revoke),
+and which never committed past that record: it is uncommitted work redone by the next owner.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+Partition = int
+
+
+@dataclass
+class Interval:
+    incarnation: str
+    partition: Partition
+    start: float
+    end: float
+    end_kind: str  # revoke | lost | fenced | kill | close | open
+
+
+@dataclass
+class Incarnation:
+    name: str
+    events: list[dict[str, Any]] = field(default_factory=list)
+    killed_at: float | None = None
+    stopped_at: list[float] = field(default_factory=list)
+
+
+@dataclass
+class Summary:
+    produced: int = 0
+    acked_by_producer: int = 0
+    processed: int = 0
+    processed_unique: int = 0
+    lost: int = 0
+    duplicates: int = 0
+    duplicates_explained: int = 0
+    duplicates_unexplained: int = 0
+    overlaps: int = 0
+    committed_regressions: int = 0
+    uncommitted_at_end: int = 0
+    close_failures: int = 0
+    incarnations: int = 0
+    actions: dict[str, int] = field(default_factory=dict)
+    commit_failures: int = 0
+    fatal_errors: int = 0
+    examples: dict[str, list[str]] = field(default_factory=dict)
+
+    @property
+    def violations(self) -> dict[str, int]:
+        checks = {
+            "lost": self.lost,
+            "duplicates_unexplained": self.duplicates_unexplained,
+            "overlaps": self.overlaps,
+            "committed_regressions": self.committed_regressions,
+            "uncommitted_at_end": self.uncommitted_at_end,
+            "close_failures": self.close_failures,
+            "fatal_errors": self.fatal_errors,
+        }
+        return {k: v for k, v in checks.items() if v}
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["violations"] = self.violations
+        return out
+
+    def format(self) -> str:
+        lines = [
+            f"records produced:            {self.produced} (acked by the producer: "
+            f"{self.acked_by_producer})",
+            f"records processed:           {self.processed} ({self.processed_unique} distinct)",
+            f"lost:                        {self.lost}",
+            f"duplicates:                  {self.duplicates} (explained by killed/fenced "
+            f"members' uncommitted work: {self.duplicates_explained}, unexplained: "
+            f"{self.duplicates_unexplained})",
+            f"overlapping ownership:       {self.overlaps}",
+            f"committed-offset regressions: {self.committed_regressions}",
+            f"uncommitted at the end:      {self.uncommitted_at_end}",
+            f"members failing to close:    {self.close_failures}",
+            f"fatal errors in members:     {self.fatal_errors}",
+            f"commit failures (logged):    {self.commit_failures}",
+            f"member incarnations:         {self.incarnations}",
+            "chaos actions:               "
+            + ", ".join(f"{k}={v}" for k, v in sorted(self.actions.items())),
+        ]
+        for kind, examples in self.examples.items():
+            if examples:
+                lines.append(f"examples of {kind}:")
+                lines.extend(f"  {e}" for e in examples[:10])
+        verdict = "PASS" if not self.violations else f"FAIL {self.violations}"
+        lines.append(f"result:                      {verdict}")
+        return "\n".join(lines)
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """Parse a JSON-lines file; a torn last line (a process killed mid-write) is skipped."""
+    out: list[dict[str, Any]] = []
+    with path.open(encoding="utf-8") as f:
+        for line in f:
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                continue
+    return out
+
+
+def incarnations(
+    member_events: Iterable[dict[str, Any]], driver_events: Iterable[dict[str, Any]]
+) -> dict[str, Incarnation]:
+    incs: dict[str, Incarnation] = {}
+    for ev in member_events:
+        inc = incs.setdefault(ev["inc"], Incarnation(ev["inc"]))
+        inc.events.append(ev)
+    for ev in driver_events:
+        name = ev.get("inc")
+        if name is None or name not in incs:
+            continue
+        if ev["ev"] == "kill":
+            incs[name].killed_at = ev["t"]
+        elif ev["ev"] == "stop":
+            incs[name].stopped_at.append(ev["t"])
+    for inc in incs.values():
+        inc.events.sort(key=lambda e: e["t"])
+    return incs
+
+
+def intervals(inc: Incarnation, session_s: float) -> list[Interval]:
+    out: list[Interval] = []
+    open_: dict[Partition, float] = {}
+
+    def close(p: Partition, t: float, kind: str) -> None:
+        start = open_.pop(p)
+        if kind == "lost":
+            # fenced while stopped: the broker dropped it one session after the stop
+            stops = [s for s in inc.stopped_at if start <= s <= t]
+            if stops:
+                t, kind = min(t, stops[0] + session_s), "fenced"
+        out.append(Interval(inc.name, p, start, t, kind))
+
+    last_t = 0.0
+    for ev in inc.events:
+        last_t = ev["t"]
+        if inc.killed_at is not None and ev["t"] > inc.killed_at:
+            break
+        kind = ev["ev"]
+        if kind == "assign":
+            for p in ev["parts"]:
+                open_.setdefault(p, ev["t"])
+        elif kind in ("revoke", "lost"):
+            for p in ev["parts"]:
+                if p in open_:
+                    close(p, ev["t"], kind)
+    for p in list(open_):
+        if inc.killed_at is not None:
+            end = inc.killed_at
+            stops = [s for s in inc.stopped_at if s <= end]
+            if stops:
+                end = min(end, stops[-1] + session_s)
+            out.append(Interval(inc.name, p, open_.pop(p), end, "kill"))
+        else:
+            out.append(Interval(inc.name, p, open_.pop(p), last_t, "open"))
+    return out
+
+
+def _commits(inc: Incarnation) -> dict[Partition, list[tuple[float, int]]]:
+    out: dict[Partition, list[tuple[float, int]]] = defaultdict(list)
+    for ev in inc.events:
+        if ev["ev"] == "commit":
+            for p, o in ev["offsets"].items():
+                out[int(p)].append((ev["t"], int(o)))
+    return out
+
+
+def _next_start(ivs: list[Interval], iv: Interval) -> float:
+    """When the same incarnation next took ``iv``'s partition (its commits after that belong
+    to the later ownership)."""
+    later = [x.start for x in ivs if x.partition == iv.partition and x.start > iv.start]
+    return min(later, default=float("inf"))
+
+
+def analyze(
+    member_events: list[dict[str, Any]],
+    driver_events: list[dict[str, Any]],
+    end_offsets: Mapping[Partition, int],
+    committed_samples: list[tuple[float, dict[Partition, int]]],
+    *,
+    session_s: float,
+    close_timeout_s: float,
+    acked_by_producer: int = 0,
+    overlap_tolerance_s: float = 0.0,
+) -> Summary:
+    s = Summary(acked_by_producer=acked_by_producer)
+    s.produced = sum(end_offsets.values())
+    incs = incarnations(member_events, driver_events)
+    s.incarnations = len(incs)
+    s.examples = {"lost": [], "unexplained duplicates": [], "overlaps": [],
+                  "regressions": [], "close failures": [], "fatal errors": []}  # fmt: skip
+    for ev in driver_events:
+        if ev["ev"] in ("kill", "stop", "restart", "coordinator", "broker_down"):
+            s.actions[ev["ev"]] = s.actions.get(ev["ev"], 0) + 1
+
+    # records
+    seen: dict[tuple[Partition, int], list[tuple[float, str]]] = defaultdict(list)
+    for inc in incs.values():
+        for ev in inc.events:
+            if ev["ev"] == "rec":
+                seen[(ev["p"], ev["o"])].append((ev["t"], inc.name))
+            elif ev["ev"] == "commit_failed":
+                s.commit_failures += 1
+            elif ev["ev"] == "error" and ev.get("fatal"):
+                s.fatal_errors += 1
+                s.examples["fatal errors"].append(f"{inc.name}: {ev.get('error')}")
+    s.processed = sum(len(v) for v in seen.values())
+    s.processed_unique = len(seen)
+    for p, end in sorted(end_offsets.items()):
+        for o in range(end):
+            if (p, o) not in seen:
+                s.lost += 1
+                s.examples["lost"].append(f"partition {p} offset {o}")
+
+    # ownership
+    all_intervals: dict[Partition, list[Interval]] = defaultdict(list)
+    by_inc: dict[str, list[Interval]] = {}
+    for inc in incs.values():
+        ivs = intervals(inc, session_s)
+        by_inc[inc.name] = ivs
+        for iv in ivs:
+            all_intervals[iv.partition].append(iv)
+    for p, ivs in all_intervals.items():
+        ivs.sort(key=lambda iv: iv.start)
+        for i, a in enumerate(ivs):
+            for b in ivs[i + 1 :]:
+                if b.start >= a.end:
+                    continue
+                if a.incarnation == b.incarnation:
+                    continue
+                overlap = min(a.end, b.end) - b.start
+                if overlap > overlap_tolerance_s:
+                    s.overlaps += 1
+                    s.examples["overlaps"].append(
+                        f"partition {p}: {a.incarnation} [{a.start:.3f}, {a.end:.3f} "
+                        f"{a.end_kind}] and {b.incarnation} [{b.start:.3f}, {b.end:.3f}] "
+                        f"overlap {overlap:.3f}s"
+                    )
+
+    # duplicates
+    commits = {name: _commits(inc) for name, inc in incs.items()}
+    for (p, o), instances in seen.items():
+        if len(instances) < 2:
+            continue
+        s.duplicates += len(instances) - 1
+        instances.sort()
+        explained = 0
+        reasons = []
+        for t, name in instances:
+            owned = [iv for iv in by_inc.get(name, []) if iv.partition == p and iv.start <= t]
+            covering = max(owned, key=lambda iv: iv.start) if owned else None
+            committed_past = covering is not None and any(
+                c > o and covering.start <= ct < _next_start(by_inc[name], covering)
+                for ct, c in commits[name].get(p, [])
+            )
+            if (
+                covering is not None
+                and covering.end_kind in ("kill", "lost", "fenced")
+                and not committed_past
+            ):
+                explained += 1
+            reasons.append(
+                f"{name}@{t:.3f}:{covering.end_kind if covering else 'unowned'}"
+                f"{'+committed' if committed_past else ''}"
+            )
+        # One processing may be the final, committed one; every other must be redone work.
+        unexplained = max(0, len(instances) - 1 - explained)
+        s.duplicates_explained += len(instances) - 1 - unexplained
+        s.duplicates_unexplained += unexplained
+        if unexplained:
+            s.examples["unexplained duplicates"].append(
+                f"partition {p} offset {o}: {', '.join(reasons)}"
+            )
+
+    # committed offsets never go back; everything is committed at the end
+    high: dict[Partition, tuple[float, int]] = {}
+    for t, sample in sorted(committed_samples, key=lambda x: x[0]):
+        for p, offset in sample.items():
+            if offset < 0:
+                continue
+            if p in high and offset < high[p][1]:
+                s.committed_regressions += 1
+                s.examples["regressions"].append(
+                    f"partition {p}: {high[p][1]} at {high[p][0]:.3f} -> {offset} at {t:.3f}"
+                )
+            if p not in high or offset > high[p][1]:
+                high[p] = (t, offset)
+    if committed_samples:
+        final = max(committed_samples, key=lambda x: x[0])[1]
+        for p, end in end_offsets.items():
+            if final.get(p, -1) < end:
+                s.uncommitted_at_end += 1
+                s.examples["regressions"].append(
+                    f"partition {p}: committed {final.get(p, -1)} < end {end} at the end"
+                )
+
+    # closes
+    for ev in driver_events:
+        if ev["ev"] == "close_timeout":
+            s.close_failures += 1
+            s.examples["close failures"].append(f"{ev.get('inc')}: did not exit")
+    for inc in incs.values():
+        for ev in inc.events:
+            if ev["ev"] == "closed" and ev["took"] > close_timeout_s + 1.0:
+                s.close_failures += 1
+                s.examples["close failures"].append(f"{inc.name}: close took {ev['took']:.1f}s")
+    return s

@@ -1,0 +1,231 @@
+"""One chaos member process: consume, log every processed record, commit after processing.
+
+Two implementations share the loop: ``sdk`` (this SDK's :class:`~consumer_sdk.Consumer`) and
+``ck`` (``confluent_kafka.Consumer`` with ``group.protocol=consumer``). Each process appends
+JSON lines to its own file; every line has ``t`` (wall clock, seconds), ``ev``, ``inc`` (the
+incarnation: name and pid) and the member id/epoch when known:
+
+``start`` / ``assign`` / ``revoke`` / ``lost`` (``parts``: partitions) / ``rec`` (``p``, ``o``)
+/ ``commit`` (``offsets``: partition -> next offset) / ``commit_failed`` / ``error`` /
+``closed`` (``took``) / ``exit``.
+
+Commit policy: synchronous commits after processing each batch (``enable.auto.commit`` is
+off). A batch's records are logged and flushed to the OS before its commit, so a record that
+is committed was always logged first; a record processed but not committed (the process was
+killed, or fenced, before its commit) may be processed again by the next owner.
+``on_revoke`` retries the commit of processed-but-uncommitted offsets of the revoked
+partitions before it returns. SIGTERM makes the loop stop and ``close()`` the consumer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from typing import IO, Any
+
+log = logging.getLogger("consumer_sdk.chaos")
+
+Partition = int
+
+
+class EventLog:
+    """Append-only JSON-lines log of one member incarnation."""
+
+    def __init__(self, path: str, name: str) -> None:
+        self._file: IO[str] = open(path, "a", encoding="utf-8")  # noqa: SIM115
+        self._lock = threading.Lock()
+        self.incarnation = f"{name}/{os.getpid()}"
+        self.member_id = ""
+        self.epoch = -1
+
+    def write(self, ev: str, flush: bool = False, **fields: Any) -> None:
+        record = {"t": time.time(), "ev": ev, "inc": self.incarnation,
+                  "mid": self.member_id, "ep": self.epoch, **fields}  # fmt: skip
+        line = json.dumps(record, separators=(",", ":")) + "\n"
+        with self._lock:
+            self._file.write(line)
+            if flush:
+                self._file.flush()
+
+    def flush(self) -> None:
+        with self._lock:
+            self._file.flush()
+
+    def close(self) -> None:
+        with self._lock:
+            self._file.flush()
+            self._file.close()
+
+
+class ChaosMember:
+    """The consume-log-commit loop around one consumer (``impl``: ``sdk`` or ``ck``)."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.impl: str = args.impl
+        self.topic: str = args.topic
+        self.log = EventLog(args.log, args.name)
+        self.stop = threading.Event()
+        # partition -> next offset processed but not yet committed
+        self.pending: dict[Partition, int] = {}
+        self.consumer: Any = None
+
+    # -- consumer construction --------------------------------------------------------------
+
+    def _config(self) -> dict[str, Any]:
+        conf: dict[str, Any] = {
+            "bootstrap.servers": self.args.bootstrap,
+            "group.id": self.args.group,
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+            "client.id": self.args.name,
+        }
+        if self.impl == "sdk":
+            conf["socket.timeout.ms"] = 10_000
+        else:
+            conf["group.protocol"] = "consumer"
+            conf["enable.auto.offset.store"] = False
+        return conf
+
+    def _make_consumer(self) -> Any:
+        if self.impl == "sdk":
+            from consumer_sdk import Consumer
+
+            return Consumer(self._config())
+        import confluent_kafka
+
+        return confluent_kafka.Consumer(self._config())
+
+    def _identity(self) -> None:
+        c = self.consumer
+        if self.impl == "sdk":
+            self.log.member_id, self.log.epoch = c.member_id, c.member_epoch
+        else:
+            try:
+                self.log.member_id = c.memberid() or ""
+            except Exception:  # older bindings have no memberid()
+                self.log.member_id = ""
+
+    # -- callbacks ------------------------------------------------------------------------------
+
+    def _parts(self, partitions: list[Any]) -> list[int]:
+        return sorted(int(tp.partition) for tp in partitions if tp.topic == self.topic)
+
+    def on_assign(self, consumer: Any, partitions: list[Any]) -> None:
+        self._identity()
+        self.log.write("assign", flush=True, parts=self._parts(partitions))
+
+    def on_revoke(self, consumer: Any, partitions: list[Any]) -> None:
+        parts = self._parts(partitions)
+        todo = {p: o for p, o in self.pending.items() if p in parts}
+        if todo:
+            self._commit(todo)
+        for p in parts:
+            self.pending.pop(p, None)
+        self._identity()
+        self.log.write("revoke", flush=True, parts=parts)
+
+    def on_lost(self, consumer: Any, partitions: list[Any]) -> None:
+        parts = self._parts(partitions)
+        for p in parts:
+            self.pending.pop(p, None)
+        self._identity()
+        self.log.write("lost", flush=True, parts=parts)
+
+    # -- commit -----------------------------------------------------------------------------
+
+    def _commit(self, offsets: dict[Partition, int]) -> bool:
+        from confluent_kafka import KafkaException, TopicPartition
+
+        tps = [TopicPartition(self.topic, p, o) for p, o in sorted(offsets.items())]
+        try:
+            self.consumer.commit(offsets=tps, asynchronous=False)
+        except KafkaException as exc:
+            self.log.write("commit_failed", flush=True, offsets=offsets, error=str(exc))
+            return False
+        self.log.write("commit", flush=True, offsets=offsets)
+        for p, o in offsets.items():
+            if self.pending.get(p) == o:
+                del self.pending[p]
+        return True
+
+    # -- main loop --------------------------------------------------------------------------
+
+    def run(self) -> int:
+        from confluent_kafka import KafkaException
+
+        signal.signal(signal.SIGTERM, lambda *_: self.stop.set())
+        signal.signal(signal.SIGINT, lambda *_: self.stop.set())
+        self.consumer = self._make_consumer()
+        self._identity()
+        self.log.write("start", flush=True, impl=self.impl, pid=os.getpid())
+        self.consumer.subscribe(
+            [self.topic], on_assign=self.on_assign, on_revoke=self.on_revoke, on_lost=self.on_lost
+        )
+        status = 0
+        try:
+            while not self.stop.is_set():
+                try:
+                    messages = self.consumer.consume(200, 0.2)
+                except KafkaException as exc:
+                    error = exc.args[0]
+                    self.log.write("error", flush=True, error=str(exc), fatal=error.fatal())
+                    if error.fatal():
+                        status = 3
+                        break
+                    continue
+                if self.impl == "sdk":
+                    self._identity()
+                batch: dict[Partition, int] = {}
+                for msg in messages:
+                    if msg.error() is not None:
+                        self.log.write("error", error=str(msg.error()), fatal=False)
+                        continue
+                    p, o = int(msg.partition()), int(msg.offset())
+                    self.log.write("rec", p=p, o=o)
+                    batch[p] = o + 1
+                if batch:
+                    self.log.flush()  # processed before committed
+                    self.pending.update(batch)
+                    self._commit(dict(self.pending))
+        finally:
+            started = time.monotonic()
+            self._close()
+            took = time.monotonic() - started
+            self.log.write("closed", flush=True, took=took)
+            self.log.write("exit", flush=True, status=status)
+            self.log.close()
+        return status
+
+    def _close(self) -> None:
+        if self.impl == "sdk":
+            self.consumer.close(timeout=self.args.close_timeout)
+            return
+        # confluent-kafka's close() can block; bound it like the SDK's.
+        closer = threading.Thread(target=self.consumer.close, daemon=True)
+        closer.start()
+        closer.join(self.args.close_timeout)
+
+
+def member_main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m consumer_sdk.chaos member")
+    parser.add_argument("--impl", choices=("sdk", "ck"), default="sdk")
+    parser.add_argument("--name", required=True)
+    parser.add_argument("--bootstrap", required=True)
+    parser.add_argument("--group", required=True)
+    parser.add_argument("--topic", required=True)
+    parser.add_argument("--log", required=True)
+    parser.add_argument("--close-timeout", type=float, default=10.0)
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.WARNING,
+        stream=sys.stderr,
+        format=f"%(asctime)s {args.name} %(levelname)s %(name)s %(message)s",
+    )
+    return ChaosMember(args).run()

@@ -1,0 +1,128 @@
+"""The chaos soak: a short CI run of ``python -m consumer_sdk.chaos``, and the checker itself on
+hand-made logs (it must catch each kind of violation)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from consumer_sdk.chaos.analysis import analyze
+
+CI_DURATION_S = 60
+
+
+def test_chaos_ci_run(tmp_path: Path) -> None:
+    """~60 s of kills, pauses, restarts, coordinator moves and broker outages."""
+    result = subprocess.run(
+        [sys.executable, "-m", "consumer_sdk.chaos", "--duration", str(CI_DURATION_S),
+         "--workdir", str(tmp_path), "--seed", "848"],
+        capture_output=True, text=True, timeout=CI_DURATION_S + 240, check=False,
+    )  # fmt: skip
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    report = result.stdout + "\n" + result.stderr[-3000:]
+    assert result.returncode == 0, report
+    assert summary["violations"] == {}, report
+    assert summary["produced"] > 1000 and summary["lost"] == 0
+    assert summary["processed_unique"] == summary["produced"]
+    assert summary["duplicates"] == summary["duplicates_explained"]
+    assert summary["overlaps"] == 0 and summary["committed_regressions"] == 0
+    assert summary["close_failures"] == 0
+    for action in ("kill", "stop", "restart", "coordinator", "broker_down"):
+        assert summary["actions"].get(action, 0) >= 1, (action, summary["actions"])
+    assert "result:                      PASS" in result.stdout
+
+
+# -- the checker on synthetic logs -------------------------------------------------------------
+
+
+def ev(t: float, kind: str, inc: str, **fields: Any) -> dict[str, Any]:
+    return {"t": t, "ev": kind, "inc": inc, **fields}
+
+
+def clean_run() -> list[dict[str, Any]]:
+    """a owns p0 and processes 0..2, commits 3, revokes; b takes over and processes 3."""
+    return [
+        ev(1.0, "assign", "a/1", parts=[0]),
+        *(ev(1.1 + i / 10, "rec", "a/1", p=0, o=i) for i in range(3)),
+        ev(1.5, "commit", "a/1", offsets={"0": 3}),
+        ev(2.0, "revoke", "a/1", parts=[0]),
+        ev(2.1, "assign", "b/2", parts=[0]),
+        ev(2.2, "rec", "b/2", p=0, o=3),
+        ev(2.3, "commit", "b/2", offsets={"0": 4}),
+    ]
+
+
+def check(members: list[dict[str, Any]], driver: list[dict[str, Any]] = (), **kw: Any) -> Any:  # type: ignore[assignment]
+    samples = kw.pop("samples", [(3.0, {0: 4})])
+    return analyze(members, list(driver), {0: 4}, samples, session_s=6.0, close_timeout_s=10.0)
+
+
+def test_checker_passes_a_clean_handover() -> None:
+    summary = check(clean_run())
+    assert summary.violations == {} and summary.processed_unique == 4
+
+
+def test_checker_counts_a_lost_record() -> None:
+    events = [e for e in clean_run() if not (e["ev"] == "rec" and e["o"] == 1)]
+    assert check(events).violations == {"lost": 1}
+
+
+def test_checker_explains_redone_work_of_a_killed_member() -> None:
+    events = [
+        *clean_run()[:4],
+        ev(1.6, "rec", "a/1", p=0, o=3),  # processed, then killed before committing it
+        ev(8.0, "assign", "b/2", parts=[0]),
+        ev(8.1, "rec", "b/2", p=0, o=3),
+        ev(8.2, "commit", "b/2", offsets={"0": 4}),
+    ]
+    summary = check(events, [ev(1.7, "kill", "a/1")])
+    assert summary.violations == {} and summary.duplicates == summary.duplicates_explained == 1
+
+
+def test_checker_flags_a_duplicate_after_a_clean_revoke() -> None:
+    events = [*clean_run(), ev(2.25, "rec", "b/2", p=0, o=2)]
+    assert check(events).violations == {"duplicates_unexplained": 1}
+
+
+def test_checker_flags_overlapping_ownership() -> None:
+    events = clean_run()
+    events[6] = ev(1.9, "assign", "b/2", parts=[0])  # before a's revoke completed
+    summary = check(events)
+    assert summary.violations == {"overlaps": 1}, summary.examples
+
+
+def test_checker_ends_a_paused_members_ownership_when_it_was_fenced() -> None:
+    events = [
+        ev(1.0, "assign", "a/1", parts=[0]),
+        *(ev(1.1 + i / 10, "rec", "a/1", p=0, o=i) for i in range(3)),
+        ev(1.5, "commit", "a/1", offsets={"0": 3}),
+        ev(8.0, "assign", "b/2", parts=[0]),  # a stopped at 1.6; fenced at 7.6
+        ev(8.1, "rec", "b/2", p=0, o=3),
+        ev(8.2, "commit", "b/2", offsets={"0": 4}),
+        ev(10.0, "rec", "a/1", p=0, o=3),  # zombie: a buffered record after SIGCONT
+        ev(10.1, "commit_failed", "a/1", offsets={"0": 4}, error="UNKNOWN_MEMBER_ID"),
+        ev(10.2, "lost", "a/1", parts=[0]),
+    ]
+    summary = check(events, [ev(1.6, "stop", "a/1"), ev(9.9, "cont", "a/1")])
+    assert summary.violations == {}, summary.examples
+    assert summary.duplicates_explained == 1
+
+
+def test_checker_flags_committed_offset_regressions_and_slow_closes() -> None:
+    events = [*clean_run(), ev(3.0, "closed", "b/2", took=12.5)]
+    summary = check(events, samples=[(1.0, {0: 3}), (2.0, {0: 2}), (3.0, {0: 4})])
+    assert summary.violations == {"committed_regressions": 1, "close_failures": 1}
+
+
+@pytest.mark.parametrize("bad", [{"--members": "0"}, {"--ck-members": "0"}])
+def test_chaos_needs_both_kinds_of_member(bad: dict[str, str]) -> None:
+    args = [a for kv in bad.items() for a in kv]
+    result = subprocess.run([sys.executable, "-m", "consumer_sdk.chaos", *args],
+                            capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    assert result.returncode == 2
+    assert "--members and --ck-members must be at least 1" in result.stderr
