@@ -230,8 +230,7 @@ class ConsumerConfig(BaseModel):
                 "auto.offset.reset": self.auto_offset_reset,
             }
         )
-        if "stats_cb" in self.callbacks:
-            conf["stats_cb"] = self.callbacks["stats_cb"]
+        conf.update(self.callbacks)  # error_cb, stats_cb, logger, throttle_cb: librdkafka's own
         return conf
 
 
