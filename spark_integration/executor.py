@@ -32,6 +32,7 @@ __all__ = [
     "cached_consumers",
     "close_cached_consumers",
     "read_range",
+    "records_to_batch",
 ]
 
 log = logging.getLogger("spark_integration")
@@ -205,6 +206,26 @@ class _Columns:
         out = pa.RecordBatch.from_arrays(arrays, schema=schema)
         self.clear()
         return out
+
+
+def records_to_batch(messages: list[Any], include_headers: bool = False) -> pa.RecordBatch:
+    """confluent-kafka messages (any partitions) as one batch in the Kafka source schema."""
+    schema = arrow_schema(include_headers)
+    cols = _Columns(include_headers)
+    for msg in messages:
+        cols.add(msg)
+    arrays = [
+        pa.array(cols.keys, pa.binary()),
+        pa.array(cols.values, pa.binary()),
+        pa.array([m.topic() for m in messages], pa.string()),
+        pa.array([m.partition() for m in messages], pa.int32()),
+        pa.array(cols.offsets, pa.int64()),
+        pa.array(cols.timestamps, pa.timestamp("us", tz="UTC")),
+        pa.array(cols.ts_types, pa.int32()),
+    ]
+    if include_headers:
+        arrays.append(pa.array(cols.headers, schema.field("headers").type))
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
 def _data_loss(task: ReadTask, message: str) -> None:

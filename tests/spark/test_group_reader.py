@@ -1,0 +1,240 @@
+"""The source's offset/commit protocol, driven in Spark's call order without Spark.
+
+A ``FakeQuery`` calls the ``GroupReader`` like MicroBatchExecution does (latestOffset,
+offset log, commit of the previous batch, partitions, read) and "reads" a range by
+recording its offsets, so hand-offs can be checked offset by offset.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from consumer_sdk.testing import EmbeddedKafka
+from spark_integration.driver import GroupReader
+from spark_integration.offsets import SourceOffset
+from spark_integration.options import SourceOptions
+from tests.spark.helpers import PlainMember, Record, all_records, committed, produce, wait_for
+
+PARTS = 4
+
+
+def options(kafka: EmbeddedKafka, group: str, topic: str, **extra: str) -> SourceOptions:
+    return SourceOptions.parse(
+        {"kafka.bootstrap.servers": kafka.bootstrap_servers, "group.id": group,
+         "subscribe": topic, "startingOffsets": "earliest", "joinTimeoutMs": "20000", **extra}
+    )  # fmt: skip
+
+
+class FakeQuery:
+    """Spark's micro-batch loop over one GroupReader; batches complete instantly."""
+
+    def __init__(self, reader: GroupReader, start: dict[str, Any] | None = None,
+                 max_rows: int | None = None) -> None:  # fmt: skip
+        self.reader = reader
+        self.max_rows = max_rows
+        self.start = reader.initial_offset() if start is None else start
+        self.sink: list[Record] = []
+        self.batches = 0
+
+    def plan_next(self) -> dict[str, Any] | None:
+        """latestOffset + offset log + commit(previous end); None when nothing is new."""
+        end = self.reader.latest_offset(self.start, max_rows=self.max_rows)
+        if json.dumps(end) == json.dumps(self.start):
+            return None
+        if self.batches:
+            self.reader.commit(self.start)
+        return end
+
+    def run_batch(self, end: dict[str, Any]) -> None:
+        for r in self.reader.plan(self.start, end):
+            self.sink.extend(
+                (r.topic, r.partition, o) for o in range(r.from_offset, r.until_offset)
+            )
+        self.start = end
+        self.batches += 1
+
+    def trigger(self) -> bool:
+        end = self.plan_next()
+        if end is None:
+            return False
+        self.run_batch(end)
+        return True
+
+    def drain(self, limit: int = 50) -> None:
+        for _ in range(limit):
+            if not self.trigger():
+                return
+        raise AssertionError("the query never caught up")
+
+    def positions(self) -> dict[int, int]:
+        return {p: o for (_, p), o in SourceOffset.from_json(self.start).positions.items()}
+
+
+def test_batches_commit_what_is_durable_and_are_rate_limited(embedded_kafka: EmbeddedKafka) -> None:
+    topic, group = "gr-basic", "gr-basic-g"
+    embedded_kafka.create_topic(topic, partitions=PARTS)
+    produce(embedded_kafka, topic, PARTS, 25, "a")
+    reader = GroupReader(options(embedded_kafka, group, topic))
+    try:
+        query = FakeQuery(reader, max_rows=40)
+        assert reader.initial_offset() is query.start  # idempotent: Spark calls it twice
+        assert query.positions() == dict.fromkeys(range(PARTS), 0)
+        end = query.plan_next()
+        assert end is not None
+        assert sum(SourceOffset.from_json(end).positions.values()) == 40
+        query.run_batch(end)
+        assert len(query.sink) == 40
+        # Batch 0 is durable once Spark asks for batch 1: then Kafka holds its end.
+        assert committed(embedded_kafka, group, topic, PARTS) == dict.fromkeys(range(PARTS), 0)
+        assert query.trigger()
+        assert committed(embedded_kafka, group, topic, PARTS) == {
+            p: o for (_, p), o in SourceOffset.from_json(end).positions.items()
+        }
+        query.drain()
+        assert sorted(query.sink) == sorted(all_records(embedded_kafka, topic, PARTS))
+        assert committed(embedded_kafka, group, topic, PARTS) == query.positions()
+        unchanged = reader.latest_offset(query.start)
+        assert json.dumps(unchanged) == json.dumps(query.start)
+    finally:
+        reader.close()
+    kinds = [e["kind"] for e in reader.events]
+    assert kinds[0] == "start" and "revoke" in kinds and kinds[-1] == "close"
+
+
+def test_revocation_between_batches_hands_off_exactly(embedded_kafka: EmbeddedKafka) -> None:
+    topic, group = "gr-handoff", "gr-handoff-g"
+    embedded_kafka.create_topic(topic, partitions=PARTS)
+    produce(embedded_kafka, topic, PARTS, 30, "a")
+    reader = GroupReader(options(embedded_kafka, group, topic))
+    other: PlainMember | None = None
+    try:
+        query = FakeQuery(reader)
+        query.drain()
+        produce(embedded_kafka, topic, PARTS, 30, "b")
+        other = PlainMember(embedded_kafka, group, topic)
+
+        def shared() -> bool:
+            query.trigger()  # the reader serves its member once per trigger
+            return bool(other and other.owned) and len(reader.owned) == PARTS - len(other.owned)
+
+        wait_for(shared, 30, "the other member taking some partitions")
+        revoke = next(e for e in reader.events if e["kind"] == "revoke")
+        # The revoked partitions were committed at exactly what the sink holds.
+        sink_at = {p: max(o for _, q, o in query.sink if q == p) + 1 for p in range(PARTS)}
+        assert revoke["committed"]
+        for key, offset in revoke["committed"].items():
+            assert offset == sink_at[int(key.split(":")[1])]
+        produce(embedded_kafka, topic, PARTS, 30, "c")
+        total = len(all_records(embedded_kafka, topic, PARTS))
+        wait_for(lambda: (query.trigger() or True)
+                 and len(set(query.sink) | set(other.records)) == total, 30, "all")  # fmt: skip
+        other.close()
+        wait_for(lambda: (query.trigger() or True) and len(reader.owned) == PARTS, 30,
+                 "the partitions coming back")  # fmt: skip
+        produce(embedded_kafka, topic, PARTS, 30, "d")
+        query.drain()
+        produced = all_records(embedded_kafka, topic, PARTS)
+        assert len(query.sink) == len(set(query.sink)), "the query read a record twice"
+        assert not set(query.sink) & set(other.records), "a record was read by both members"
+        assert set(query.sink) | set(other.records) == produced
+        assert other.records, "the other member read nothing"
+        assert not other.errors
+    finally:
+        if other is not None:
+            other.close()
+        reader.close()
+
+
+def test_revocation_during_an_inflight_batch(embedded_kafka: EmbeddedKafka) -> None:
+    """Revoked while batch N+1 runs: N+1 still reads it, the commit is batch N's end, and
+    the next owner re-reads N+1's part (at-least-once across owners), never the sink twice."""
+    topic, group = "gr-inflight", "gr-inflight-g"
+    embedded_kafka.create_topic(topic, partitions=PARTS)
+    produce(embedded_kafka, topic, PARTS, 20, "a")
+    reader = GroupReader(options(embedded_kafka, group, topic))
+    other: PlainMember | None = None
+    try:
+        query = FakeQuery(reader)
+        query.drain()
+        produce(embedded_kafka, topic, PARTS, 20, "b")
+        durable = query.positions()
+        end = reader.latest_offset(query.start)  # batch N+1 planned (offset log written)
+        other = PlainMember(embedded_kafka, group, topic)
+        # Spark's commit(end of N) serves the member while N+1 is in flight.
+        wait_for(lambda: (reader.commit(query.start) or True) and other is not None
+                 and bool(other.owned), 30, "a revocation during the batch")  # fmt: skip
+        revoked = set(range(PARTS)) - {p for _, p in reader.owned}
+        assert revoked
+        assert (
+            committed(embedded_kafka, group, topic, PARTS).items()
+            >= {p: durable[p] for p in revoked}.items()
+        )
+        query.run_batch(end)  # N+1 completes, including the revoked partitions
+        nxt = reader.latest_offset(query.start)
+        assert {p for (_, p) in SourceOffset.from_json(nxt).positions} == {
+            p for _, p in reader.owned
+        }
+        wait_for(lambda: len(other.records) >= 20 * len(revoked), 20, "the other member reading")
+        overlap = set(query.sink) & set(other.records)
+        inflight = {(topic, p, o) for p in revoked for o in range(durable[p], durable[p] + 20)}
+        assert overlap == inflight
+        assert len(query.sink) == len(set(query.sink))
+    finally:
+        if other is not None:
+            other.close()
+        reader.close()
+
+
+def test_restart_resumes_from_the_checkpoint_not_the_lagging_commit(
+    embedded_kafka: EmbeddedKafka,
+) -> None:
+    topic, group = "gr-restart", "gr-restart-g"
+    embedded_kafka.create_topic(topic, partitions=PARTS)
+    produce(embedded_kafka, topic, PARTS, 20, "a")
+    first = GroupReader(options(embedded_kafka, group, topic))
+    query = FakeQuery(first)
+    query.drain()
+    produce(embedded_kafka, topic, PARTS, 20, "b")
+    kafka_at = query.positions()
+    end = first.latest_offset(query.start)
+    query.run_batch(end)  # completed and in the checkpoint, but never committed to Kafka
+    first.close()  # leaves; commits only what it knew durable
+    assert committed(embedded_kafka, group, topic, PARTS) == kafka_at
+    # Restart: Spark replays nothing (the batch is in the commit log) and asks latestOffset.
+    second = GroupReader(options(embedded_kafka, group, topic))
+    try:
+        resumed = FakeQuery(second, start=query.start)
+        resumed.sink = list(query.sink)
+        produce(embedded_kafka, topic, PARTS, 20, "c")
+        resumed.drain()
+        assert len(resumed.sink) == len(set(resumed.sink)) == 60 * PARTS
+        assert set(resumed.sink) == all_records(embedded_kafka, topic, PARTS)
+        assert committed(embedded_kafka, group, topic, PARTS) == resumed.positions()
+    finally:
+        second.close()
+
+
+def test_replay_of_an_unfinished_batch_after_restart(embedded_kafka: EmbeddedKafka) -> None:
+    """A batch in the offset log but not the commit log is re-planned from the two logged
+    offsets alone (ranges equal), skipping only what another owner committed since."""
+    topic, group = "gr-replay", "gr-replay-g"
+    embedded_kafka.create_topic(topic, partitions=PARTS)
+    produce(embedded_kafka, topic, PARTS, 20, "a")
+    first = GroupReader(options(embedded_kafka, group, topic, maxOffsetsPerTrigger="40"))
+    query = FakeQuery(first, max_rows=40)
+    query.trigger()
+    end = query.plan_next()
+    assert end is not None
+    planned = first.plan(query.start, end)
+    first.close()  # the run dies before the batch completes
+    second = GroupReader(options(embedded_kafka, group, topic))
+    try:
+        assert planned and second.plan(query.start, end) == planned
+        # Another member owned the partitions meanwhile and committed past the batch.
+        other = PlainMember(embedded_kafka, group, topic)
+        wait_for(lambda: len(other.records) == 80 - 40, 20, "the other member reading")
+        other.close()
+        assert second.plan(query.start, end) == []
+    finally:
+        second.close()
