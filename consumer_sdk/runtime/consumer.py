@@ -160,10 +160,7 @@ class Consumer(GroupMember):
         parts = sorted(set(parts) | (owned - self._fetcher.assigned()))
         if not parts:
             return {}
-        epoch = self.member_epoch
-        committed = self._offsets.fetch(
-            parts, self.member_id, epoch if epoch > 0 else -1, self._request_timeout() * 5
-        )
+        committed = self._fetch_committed(parts, self._request_timeout() * 5)
         return {p: (o.offset if o is not None else None) for p, o in committed.items()}
 
     def _after_assign(self, starts: dict[Partition, int | None]) -> None:

@@ -23,6 +23,7 @@ from confluent_kafka import OFFSET_INVALID, KafkaError, KafkaException, Message,
 from consumer_sdk.config import ConsumerConfig
 from consumer_sdk.error_codes import ErrorCode
 from consumer_sdk.errors import (
+    BrokerResponseError,
     KafkaTimeoutError,
     KafkaTransportError,
     ProtocolError,
@@ -52,7 +53,12 @@ from consumer_sdk.membership import (
 )
 from consumer_sdk.protocol.client import ClusterClient
 from consumer_sdk.protocol.sasl import SaslError
-from consumer_sdk.runtime.offsets import CommitFailedError, OffsetAndMetadata, OffsetManager
+from consumer_sdk.runtime.offsets import (
+    COMMIT_RETRIABLE,
+    CommitFailedError,
+    OffsetAndMetadata,
+    OffsetManager,
+)
 
 __all__ = ["GroupMember", "RebalanceCallback"]
 
@@ -478,15 +484,41 @@ class GroupMember:
         """The group's committed offsets (OFFSET_INVALID where there is none)."""
         self._ensure_usable()
         keys = [(tp.topic, tp.partition) for tp in partitions]
-        epoch = self.member_epoch
-        found = self._offsets.fetch(
-            keys, self.member_id if epoch > 0 else None, epoch if epoch > 0 else -1, timeout
-        )
+        found = self._fetch_committed(keys, timeout)
         out = []
         for t, p in keys:
             o = found.get((t, p))
             out.append(TopicPartition(t, p, o.offset if o else OFFSET_INVALID))
         return out
+
+    def _fetch_committed(
+        self, partitions: list[Partition], timeout: float
+    ) -> dict[Partition, OffsetAndMetadata | None]:
+        """OffsetFetch with the reference policy (§8): coordinator and other retriable errors,
+        and STALE_MEMBER_EPOCH (the next attempt carries the epoch of the next heartbeat), are
+        retried with backoff until ``timeout``; other errors are raised."""
+        deadline = time.monotonic() + timeout
+        backoff = self._config.retry_backoff_ms / 1000
+        while True:
+            epoch = self.member_epoch
+            try:
+                return self._offsets.fetch(
+                    partitions, self.member_id if epoch > 0 else None, epoch if epoch > 0 else -1,
+                    max(deadline - time.monotonic(), 0.05),
+                )  # fmt: skip
+            except (
+                BrokerResponseError, KafkaTransportError, KafkaTimeoutError, ProtocolError,
+            ) as exc:  # fmt: skip
+                code = exc.args[0].code()
+                retriable = not isinstance(exc, BrokerResponseError) or code in COMMIT_RETRIABLE
+                if code == ErrorCode.STALE_MEMBER_EPOCH and epoch > 0:
+                    retriable = True
+                if not retriable or time.monotonic() + backoff >= deadline:
+                    raise
+                log.info("group %s: OffsetFetch failed (%s); retrying in %.0f ms",
+                         self.group_id, exc.args[0].str(), backoff * 1000)  # fmt: skip
+                time.sleep(backoff)
+                backoff = min(backoff * 2, self._config.retry_backoff_max_ms / 1000)
 
     # -- close ------------------------------------------------------------------------------
 
