@@ -171,6 +171,18 @@ class App:
                 )
             self.poll_once(0.05)
 
+    def next_record(self, timeout: float = 15.0, what: str = "a record") -> Any:
+        """Poll until ``poll()`` returns a record without error (returned)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            msg = self.poll_once(0.1)
+            if msg is not None and msg.error() is None:
+                return msg
+        raise AssertionError(
+            f"timed out after {timeout}s waiting for {what}; state={self.member.state.name}, "
+            f"errors={self.error_codes()}"
+        )
+
     def poll_for(self, seconds: float) -> None:
         """Keep polling for ``seconds`` (an observation window, not a wait for a condition)."""
         deadline = time.monotonic() + seconds
