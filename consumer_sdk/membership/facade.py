@@ -109,7 +109,13 @@ class GroupMembership:
 
     @property
     def pending_revocation(self) -> frozenset[TopicPartition]:
+        """Held partitions being revoked or lost: no new fetches, drop buffered records."""
         return self._manager.pending_revocation
+
+    @property
+    def awaiting_callback(self) -> frozenset[TopicPartition]:
+        """Held partitions whose ASSIGNED callback has not completed successfully yet."""
+        return self._manager.awaiting_callback
 
     @property
     def current_assignment(self) -> LocalAssignment:

@@ -324,7 +324,7 @@ class HeartbeatRequestManager:
 
     def _send(self, now_ms: int, kind: _Kind) -> HeartbeatRequest:
         m = self._m
-        request = self._build_leave() if kind is not _Kind.REGULAR else self._build()
+        request = self._build() if kind is _Kind.REGULAR else self._build_plain()
         self._in_flight.append(_InFlight(request, kind, now_ms, m.generation))
         self._timing.on_send(now_ms)
         self._metrics.record_heartbeat_sent(now_ms)
@@ -334,7 +334,8 @@ class HeartbeatRequestManager:
             self._sent = _SentFields()
         return request
 
-    def _build_leave(self) -> HeartbeatRequest:
+    def _build_plain(self) -> HeartbeatRequest:
+        """Only the identity fields (a leave, or a plain heartbeat that changes nothing)."""
         m = self._m
         return HeartbeatRequest(
             group_id=self._cfg.group_id,
@@ -349,6 +350,16 @@ class HeartbeatRequestManager:
         cfg = self._cfg
         sent = self._sent
         full = m.state is S.JOINING
+        current = m.current_assignment
+
+        if not full and sent.assignment != current and m.holds_unacked_partitions:
+            # TopicPartitions would be the acked set, which lacks partitions the member holds
+            # mid-reconciliation. The coordinator reads a missing partition as released (a
+            # revocation ack) and may hand it to another member while this one is about to
+            # enable it. So keep it out, and everything else with it (the full heartbeat that
+            # makes the coordinator resend the assignment needs TopicPartitions): a plain
+            # heartbeat now, the full one once the pass has been applied.
+            return self._build_plain()
 
         rebalance_timeout_ms = -1
         if full or sent.rebalance_timeout_ms != cfg.rebalance_timeout_ms:
@@ -371,7 +382,6 @@ class HeartbeatRequestManager:
             sent.server_assignor = assignor
 
         # TopicPartitions is the ack: sent on join and whenever the local assignment changes.
-        current = m.current_assignment
         topic_partitions = None
         if full or sent.assignment != current:
             topic_partitions = current.to_wire()

@@ -190,6 +190,13 @@ class MembershipManager:
         return self._rec.target
 
     @property
+    def holds_unacked_partitions(self) -> bool:
+        """Whether the member holds partitions that its current (acked) assignment lacks: added
+        by a pass that has not been applied yet, or whose ASSIGNED callback failed."""
+        acked = self._rec.current.partitions
+        return any((p.topic_id, p.partition) not in acked for p in self._rec.owned)
+
+    @property
     def reconciliation_in_progress(self) -> bool:
         return self._rec.running is not None
 

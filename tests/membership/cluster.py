@@ -203,7 +203,7 @@ class Cluster:
                 m.fatal_seen = True
             if m.core.member_id not in coord.members:
                 continue  # not a member for the coordinator (a zombie until it hears so)
-            held = m.core.assigned_partitions - m.core._manager.awaiting_callback
+            held = m.core.assigned_partitions - m.core.awaiting_callback
             for topic, partition in held:
                 if topic not in coord.topic_ids:
                     continue

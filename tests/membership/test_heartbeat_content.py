@@ -264,3 +264,40 @@ def test_config_validation() -> None:
         cfg(rebalance_timeout_ms=0)
     with pytest.raises(ValueError):
         cfg(retry_backoff_jitter=1.5)
+
+
+def test_full_heartbeat_waits_while_the_member_holds_unacked_partitions() -> None:
+    """After an error mid-reconciliation the acked set would understate what the member holds;
+    a plain heartbeat goes out instead, and the full one (with the ack) after the pass."""
+    d = stable({T1: [0]})
+    d.advance(INTERVAL)
+    d.must_hb()
+    d.respond(ok(2, {T1: [0, 1]}))
+    (assigned,) = d.pending_callbacks()  # t1-1 is held, not acked
+    d.advance(INTERVAL)
+    d.must_hb()
+    d.fail(FailureKind.TIMEOUT)
+    d.advance(1000)
+    plain = d.must_hb()
+    assert plain == HeartbeatRequest("group", "member-1", 2)
+    d.respond(ok(2))
+    d.complete(assigned)
+    full = d.must_hb()  # the ack, and everything else: a full heartbeat
+    assert _is_full(full)
+    assert owned_of(full) == {T1: (0, 1)}
+
+
+def test_failed_assigned_callback_keeps_heartbeats_plain_until_retried() -> None:
+    d = stable({T1: [0]})
+    d.advance(INTERVAL)
+    d.must_hb()
+    d.respond(ok(2, {T1: [0, 1]}))
+    d.run_callbacks(error="boom")
+    d.advance(INTERVAL)
+    d.must_hb()
+    d.respond(err(ErrorCode.COORDINATOR_LOAD_IN_PROGRESS))
+    d.advance(1000)
+    assert d.must_hb().topic_partitions is None
+    d.respond(ok(2))
+    d.run_callbacks()  # the retry succeeds
+    assert owned_of(d.must_hb()) == {T1: (0, 1)}

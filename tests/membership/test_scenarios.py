@@ -150,3 +150,32 @@ def test_three_members_churn_stays_safe(auto_commit: bool) -> None:
     owned = [m.core.fetchable_partitions for m in members]
     assert sum(len(o) for o in owned) == 9
     assert len(set().union(*owned)) == 9
+
+
+def test_full_heartbeat_mid_reconciliation_does_not_release_unacked_partitions() -> None:
+    """Found by the property test. a holds t1-0..3 (ASSIGNED callback pending, nothing acked)
+    when its heartbeat's answer is lost. The coordinator meanwhile moved t1-1/t1-3 to pending
+    revocation. Reporting the acked set (empty) in the full heartbeat that follows would tell
+    the coordinator they are released: it would give them to b while a is about to enable them.
+    """
+    c = Cluster(ScriptedCoordinator({"t1": 4}, heartbeat_interval_ms=100))
+    a = c.add("a", "t1")
+    b = c.add("b", "t1")
+    c.app_poll(a)
+    c.background_poll(a)
+    c.deliver(a)  # a gets t1-0..3, its ASSIGNED callback is pending
+    c.app_poll(b)
+    c.background_poll(b)
+    c.deliver(b)  # b joins: the coordinator wants t1-1/t1-3 revoked from a
+    c.advance(a.core.time_until_next_poll(c.now))
+    assert c.background_poll(a) is not None
+    c.deliver(a, "lost")  # processed (revocation pending), answer lost
+    c.advance(a.core.time_until_next_poll(c.now))
+    retry = c.background_poll(a)
+    assert retry is not None
+    assert retry.topic_partitions is None  # not the (empty) acked set
+    c.deliver(a)
+    assert c.coordinator.holders("t1", 1) == {"a-id"}
+    c.settle(20)  # invariants are checked at every step
+    assert a.core.fetchable_partitions == {("t1", 0), ("t1", 2)}
+    assert b.core.fetchable_partitions == {("t1", 1), ("t1", 3)}
