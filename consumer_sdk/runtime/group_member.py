@@ -119,6 +119,7 @@ class GroupMember:
         self._closed = False
         self._fatal: KafkaException | None = None
         self._leave_done = threading.Event()
+        self._close_deadline: float | None = None
         self._async_commits: deque[tuple[dict[Partition, OffsetAndMetadata], float]] = deque()
         self._last_poll_event = 0.0
         # Poll events of a stable member only reset the poll timer; posting one this often
@@ -399,6 +400,8 @@ class GroupMember:
         self._fence(pending)
         offsets = self._consumed_offsets()
         deadline = time.monotonic() + max(event.deadline_ms - _now_ms(), 0) / 1000
+        if self._close_deadline is not None:
+            deadline = min(deadline, self._close_deadline)  # close() keeps its own timeout
         try:
             self._commit_with_retries(offsets, deadline, retry_stale=True)
         except KafkaException as exc:
@@ -531,6 +534,8 @@ class GroupMember:
         if self._closed:
             return
         deadline = time.monotonic() + max(timeout, 0.0)
+        # The pre-leave auto-commit retries until the rebalance timeout otherwise.
+        self._close_deadline = time.monotonic() + max(timeout, 0.0) * 0.5
         if self._fatal is None and self._thread.is_alive():
             self._leave_done.clear()
             self._core.submit(Close(option))
