@@ -208,6 +208,7 @@ class Simulation:
         self._last_fault_end = 0
         self._stable_since = 0
         self._windows = windows(config)
+        self._poll_refresh_ms = max(config.poll_interval_ms, config.rebalance_timeout_ms // 4)
         self._window = 0
         self._departed_slots: set[int] = set()
 
@@ -376,16 +377,24 @@ class Simulation:
     # ------------------------------------------------------------------------------------------
 
     def _deliver_poll(self, m: _Member) -> None:
-        """With coalesced polls, tell the core about the application's latest ``poll()``."""
+        """With coalesced polls, tell the core about the application's latest ``poll()``.
+
+        In the idle states a poll only restarts the poll timer, so it is enough to hand the
+        latest one over once a quarter of ``max.poll.interval.ms`` has passed since the last
+        one the core saw (the core then never sees its poll timer near expiry).
+        """
         if not m.app_active:
             return
         interval = self.config.poll_interval_ms
-        last = m.poll_origin + (self.now - m.poll_origin) // interval * interval
+        now = self.now
+        if m.core.state in IDLE_STATES and now - m.delivered_poll < self._poll_refresh_ms:
+            return
+        last = m.poll_origin + (now - m.poll_origin) // interval * interval
         if last > m.delivered_poll:
             m.delivered_poll = last
             m.last_app_poll = last
             self.report.core_calls += 1
-            m.core.handle(Poll(last), self.now)
+            m.core.handle(Poll(last), now)
 
     def _drive(self, m: _Member) -> None:
         """Drain the core's events, then poll it and send what it asks for, until it is idle;
@@ -499,6 +508,8 @@ class Simulation:
     def _drain(self, m: _Member) -> None:
         """Handle the core's background events (the application thread's side)."""
         events = m.core.background_events
+        if not events:
+            return
         while events:
             event = events.popleft()
             if isinstance(event, AssignmentChanged):
@@ -518,6 +529,10 @@ class Simulation:
             elif isinstance(event, LeaveCompleted) and m.closing:
                 self._finish_close(m)
                 return
+        self._check_epoch(m)
+
+    def _check_epoch(self, m: _Member) -> None:
+        """Member epochs only move forward, except through a rejoin (0) or a leave (< 0)."""
         epoch = m.core.member_epoch
         if epoch != m.last_epoch:
             self.report.checks += 1
@@ -714,6 +729,7 @@ class Simulation:
         m.last_error = response.error_code
         self.report.core_calls += 1
         m.core.on_heartbeat_response(self.now, response, entry[0])
+        self._check_epoch(m)
         self._drive(m)
 
     def _on_hb_timeout(self, m: _Member, x: Any, _y: Any) -> None:

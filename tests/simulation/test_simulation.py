@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 
 from consumer_sdk.error_codes import ErrorCode
-from consumer_sdk.membership import GroupMembership, MembershipConfig
+from consumer_sdk.membership import GroupMembership, MembershipConfig, MembershipManager
 from consumer_sdk.membership.heartbeat import HeartbeatRequestManager
 from consumer_sdk.membership.reconciler import AssignedPartition, Reconciler
 from consumer_sdk.simulation import (
@@ -109,9 +109,20 @@ class _KeepsRevokedPartitions(Reconciler):
         Reconciler.apply_owned(self, assigned | self.owned, added)
 
 
+class _AcksWhileHolding(MembershipManager):
+    """Bug: acks (sends TopicPartitions) even while it holds partitions the ack lacks."""
+
+    @property
+    def holds_unacked_partitions(self) -> bool:
+        return False
+
+
 def keeps_revoked(config: MembershipConfig, rng: random.Random) -> GroupMembership:
+    """A copy of the core that keeps consuming revoked partitions after acking their
+    revocation (the coordinator then hands them to another member)."""
     core = GroupMembership(config, rng=rng)
     core._manager._rec = _KeepsRevokedPartitions()
+    core._manager.__class__ = _AcksWhileHolding
     return core
 
 
