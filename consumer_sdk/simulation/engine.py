@@ -205,7 +205,6 @@ class Simulation:
         self._coord_down_until = -1
         self._coord_unhealthy_until = 0
         self._episode_start: int | None = None
-        self._last_fault_end = 0
         self._stable_since = 0
         self._windows = windows(config)
         self._poll_refresh_ms = max(config.poll_interval_ms, config.rebalance_timeout_ms // 4)

@@ -76,10 +76,6 @@ class Trace:
             tuple(TraceEvent.from_json(e) for e in data["events"]),
         )
 
-    def faults(self) -> tuple[TraceEvent, ...]:
-        """The events other than the initial joins."""
-        return tuple(e for e in self.events if not (e.kind == "join" and e.time_ms == 0))
-
     def format(self, limit: int = 60) -> str:
         lines = [str(e) for e in self.events[:limit]]
         if len(self.events) > limit:
