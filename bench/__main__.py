@@ -124,15 +124,19 @@ def main(argv: list[str] | None = None) -> int:
     print("assignors (goal cases) ...", flush=True)
     assign_rows = [] if args.quick else _assignor_goals()
     spark: dict[str, Any] | None = None
+    spark_missing = ""
     try:
-        from bench import spark_source  # type: ignore[attr-defined]
+        import pyspark  # noqa: F401
 
+        from bench import spark_source  # type: ignore[attr-defined]
+    except ImportError as exc:
+        spark_missing = str(exc)
+    else:
         print("spark source ...", flush=True)
-        spark = spark_source.run(args.quick)
-    except ImportError:
-        spark = None
-    except Exception as exc:  # recorded, not hidden
-        spark = {"error": f"{type(exc).__name__}: {exc}"}
+        try:
+            spark = spark_source.run(args.quick)
+        except Exception as exc:  # recorded, not hidden
+            spark = {"error": f"{type(exc).__name__}: {exc}"}
     images = _plot(conv, thr)
     wall = time.monotonic() - started
 
@@ -208,7 +212,8 @@ def main(argv: list[str] | None = None) -> int:
                          f"{row['ratio']:.1f}x |")  # fmt: skip
     lines += ["", "## Spark source", ""]
     if spark is None:
-        lines.append("Not run: pyspark is not installed (`pip install -e '.[spark]'`).")
+        lines.append(f"Not run ({spark_missing}); install the spark extra: "
+                     "`pip install -e '.[spark]'`.")  # fmt: skip
     elif "error" in spark:
         lines.append(f"Failed in this run: {spark['error']}")
     else:

@@ -17,7 +17,9 @@ from consumer_sdk.runtime.offsets import OffsetAndMetadata
 
 __all__ = ["Consumer"]
 
-_FETCH_SLICE_S = 0.05
+# The longest the application thread waits inside librdkafka before it looks for work the
+# background thread queued (callbacks, commits): the latency of noticing a rebalance.
+_FETCH_SLICE_S = 0.02
 # While a rebalance is under way, wait on the fetcher in short slices so that callbacks the
 # background thread asks for run promptly (each rebalance step is an application-thread hop).
 _REBALANCE_SLICE_S = 0.005
