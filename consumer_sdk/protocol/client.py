@@ -37,7 +37,7 @@ from consumer_sdk.errors import (
     UnsupportedBrokerError,
 )
 from consumer_sdk.protocol import messages as m
-from consumer_sdk.protocol.connection import BrokerConnection
+from consumer_sdk.protocol.connection import BrokerConnection, TlsHandshakeError
 from consumer_sdk.protocol.security import ConnectionSettings, parse_bootstrap_servers
 
 __all__ = ["ClusterClient", "TraceHook"]
@@ -185,6 +185,7 @@ class ClusterClient:
                 if conn.is_open:
                     return conn
         errors: list[str] = []
+        tls_failed = False
         delay = max(self.settings.reconnect_backoff_ms, 1) / 1000
         while True:
             for index, (host, port) in enumerate(self.bootstrap):
@@ -203,11 +204,13 @@ class ClusterClient:
                     self._emit("connect.failed", node_id=-1 - index, host=host, port=port,
                                error=str(exc))  # fmt: skip
                     errors.append(f"{host}:{port}: {exc.args[0].str()}")
+                    tls_failed = isinstance(exc, TlsHandshakeError)
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 servers = ", ".join(f"{h}:{p}" for h, p in self.bootstrap)
                 last = errors[-1] if errors else "no attempt fit in the timeout"
-                raise KafkaTransportError(
+                # A TLS failure stays recognisable: it is a configuration problem to report.
+                raise (TlsHandshakeError if tls_failed else KafkaTransportError)(
                     f"could not connect to any bootstrap server ({servers}) within the timeout; "
                     f"last error: {last}"
                 )

@@ -50,7 +50,7 @@ from consumer_sdk.protocol.framing import (
 from consumer_sdk.protocol.sasl import SaslError, mechanism_client
 from consumer_sdk.protocol.security import ConnectionSettings
 
-__all__ = ["BrokerConnection", "pick_version"]
+__all__ = ["BrokerConnection", "TlsHandshakeError", "pick_version"]
 
 log = logging.getLogger("consumer_sdk.protocol")
 
@@ -64,6 +64,11 @@ _API_VERSIONS: dict[int, tuple[type[RequestPayload], type[ResponsePayload]]] = {
     4: (ApiVersionsRequestV4, ApiVersionsResponseV4),
 }
 _API_VERSIONS_MAX = max(_API_VERSIONS)
+
+
+class TlsHandshakeError(KafkaTransportError):
+    """The TLS handshake failed (e.g. certificate verification): a configuration problem the
+    application must hear about, not only a dropped connection. Still retried like one."""
 
 
 def pick_version(
@@ -123,11 +128,16 @@ class BrokerConnection:
                 sock = self.settings.ssl_context().wrap_socket(sock, server_hostname=self.host)
             except ssl.SSLCertVerificationError as exc:
                 sock.close()
-                raise KafkaTransportError(
+                raise TlsHandshakeError(
                     f"TLS handshake with {self.host}:{self.port} failed: certificate "
                     f"verification failed: {exc.verify_message}"
                 ) from None
-            except (OSError, ssl.SSLError) as exc:
+            except ssl.SSLError as exc:
+                sock.close()
+                raise TlsHandshakeError(
+                    f"TLS handshake with {self.host}:{self.port} failed: {exc}"
+                ) from None
+            except OSError as exc:
                 sock.close()
                 raise KafkaTransportError(
                     f"TLS handshake with {self.host}:{self.port} failed: {exc}"

@@ -52,6 +52,7 @@ from consumer_sdk.membership import (
     Unsubscribe,
 )
 from consumer_sdk.protocol.client import ClusterClient
+from consumer_sdk.protocol.connection import TlsHandshakeError
 from consumer_sdk.protocol.sasl import SaslError
 from consumer_sdk.runtime.offsets import (
     COMMIT_RETRIABLE,
@@ -635,9 +636,22 @@ class GroupMember:
             self._coordinator_retry_at = time.monotonic() + delay / 1000
             log.warning("group %s: FindCoordinator failed (%s); retrying in %d ms",
                         self.group_id, exc, delay)  # fmt: skip
+            if isinstance(exc, SaslError | TlsHandshakeError):
+                self._report_connect_error(exc)
             return
         self._coordinator_failures = 0
         self._core.on_coordinator_known(now)
+
+    def _report_connect_error(self, exc: KafkaException) -> None:
+        """Authentication and TLS failures are configuration errors: besides the log, the
+        next ``poll()`` raises them (once per failed attempt; the lookup goes on retrying)."""
+        error = exc.args[0]
+        code = error.code() if isinstance(exc, SaslError) else KafkaError._SSL
+        message = f"cannot connect to the cluster: {error.str()}"
+        queued = list(self._core.background_events)
+        if not any(isinstance(e, ErrorEvent) and e.message == message for e in queued):
+            self._core.background_events.append(ErrorEvent(code, message, fatal=False))
+            self._wake_app()
 
     def _refresh_metadata(self, now: int) -> None:
         try:
