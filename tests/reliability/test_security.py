@@ -1,0 +1,229 @@
+"""TLS and SASL end to end: the SDK's own connections (and its librdkafka fetcher) through a
+TLS-terminating, SASL-authenticating proxy in front of EmbeddedKafka, which rewrites the
+advertised broker addresses so that every connection goes through it.
+
+Certificates are generated per module with the ``openssl`` command line tool.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from consumer_sdk import Consumer, GroupMember, KafkaError, MemberState
+from consumer_sdk.testing import EmbeddedKafka
+from consumer_sdk.testing.tls_proxy import Certificates, TlsProxy, make_certificates
+from tests.reliability.support import App, Callbacks, HeartbeatSpy, config, timed_close
+
+pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs openssl")
+
+USER, PASSWORD = "alice", "s3cr3t-Pa55word-XYZ"
+WRONG = "not-the-Pa55word-QRS"
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Certificates]:
+    d = tmp_path_factory.mktemp("certs")
+    return {
+        "good": make_certificates(d, ("localhost", "127.0.0.1"), name="good"),
+        "other": make_certificates(d, ("localhost", "127.0.0.1"), name="other"),
+        "wrong-host": make_certificates(d, ("broker.example.com",), name="wrong-host"),
+    }
+
+
+@pytest.fixture(scope="module")
+def kafka() -> Iterator[EmbeddedKafka]:
+    with EmbeddedKafka(brokers=1, heartbeat_interval_ms=300, session_timeout_ms=6000) as k:
+        k.create_topic("sec", partitions=2, replication_factor=1)
+        k.produce("sec", [b"r0", b"r1", b"r2", b"r3"])
+        yield k
+
+
+def proxy(kafka: EmbeddedKafka, certs: Certificates, sasl: bool = False) -> TlsProxy:
+    return TlsProxy(
+        kafka.broker_address(1), certs=certs, sasl_users={USER: PASSWORD} if sasl else None,
+        advertised_host="localhost",
+    )  # fmt: skip
+
+
+def tls(ca: Path, **extra: Any) -> dict[str, Any]:
+    return {"security_protocol": "SSL", "ssl_ca_location": str(ca), **extra}
+
+
+def sasl(ca: Path, mechanism: str, password: str = PASSWORD) -> dict[str, Any]:
+    return {
+        "security_protocol": "SASL_SSL",
+        "ssl_ca_location": str(ca),
+        "sasl_mechanism": mechanism,
+        "sasl_username": USER,
+        "sasl_password": password,
+    }
+
+
+def joined(app: App) -> None:
+    app.poll_until(
+        lambda: app.member.state is MemberState.STABLE and len(app.member.assignment()) == 2,
+        what="the member joined through the proxy",
+    )
+
+
+def test_tls_consumer_end_to_end(kafka: EmbeddedKafka, certs: dict[str, Certificates]) -> None:
+    """Membership and the librdkafka fetcher both connect through TLS."""
+    with proxy(kafka, certs["good"]) as px:
+        consumer = Consumer(config(f"localhost:{px.port}", "sec-tls", **tls(certs["good"].ca)))
+        app = App(consumer)
+        try:
+            consumer.subscribe(["sec"])
+            values = sorted(app.next_record().value() for _ in range(4))
+            assert values == [b"r0", b"r1", b"r2", b"r3"]
+            joined(app)
+            assert set(consumer._client._addresses.values()) == {("localhost", px.port)}
+            assert px.rewritten >= 2 and px.handshake_failures == []
+        finally:
+            assert timed_close(consumer) < 5.5
+
+
+@pytest.mark.parametrize(
+    ("which", "extra", "message"),
+    [
+        pytest.param("other", {}, "unable to get local issuer certificate", id="wrong-CA"),
+        pytest.param("wrong-host", {}, "Hostname mismatch", id="wrong-hostname"),
+    ],
+)
+def test_tls_verification_failures_are_raised_from_poll(
+    kafka: EmbeddedKafka, certs: dict[str, Certificates], which: str, extra: dict[str, Any],
+    message: str,
+) -> None:  # fmt: skip
+    # wrong CA: the good certificate, trusting another CA; wrong hostname: a certificate for
+    # broker.example.com (trusted) served to a client that connects to localhost
+    served = certs["wrong-host"] if which == "wrong-host" else certs["good"]
+    trusted = certs["wrong-host"].ca if which == "wrong-host" else certs["other"].ca
+    with proxy(kafka, served) as px:
+        member = GroupMember(config(f"localhost:{px.port}", f"sec-{which}", **tls(trusted)))
+        app = App(member)
+        try:
+            member.subscribe(["sec"])
+            app.poll_until(lambda: app.errors, timeout=20, what="poll() raising the TLS failure")
+            error = app.errors[0].args[0]
+            assert error.code() == KafkaError._SSL
+            assert "certificate verification failed" in error.str() and message in error.str()
+            assert member.state is not MemberState.STABLE and member.assignment() == []
+        finally:
+            assert timed_close(member) < 5.5
+
+
+def test_hostname_check_can_be_turned_off(
+    kafka: EmbeddedKafka, certs: dict[str, Certificates]
+) -> None:
+    """``ssl.endpoint.identification.algorithm=none``: the chain is still verified, the name
+    is not."""
+    with proxy(kafka, certs["wrong-host"]) as px:
+        extra = tls(certs["wrong-host"].ca)
+        extra["ssl.endpoint.identification.algorithm"] = "none"
+        member = GroupMember(config(f"localhost:{px.port}", "sec-nohost", **extra))
+        app = App(member)
+        try:
+            member.subscribe(["sec"])
+            joined(app)
+            assert app.errors == []
+        finally:
+            assert timed_close(member) < 5.5
+
+
+@pytest.mark.parametrize("mechanism", ["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"])
+def test_sasl_over_tls_end_to_end(
+    kafka: EmbeddedKafka, certs: dict[str, Certificates], mechanism: str
+) -> None:
+    with proxy(kafka, certs["good"], sasl=True) as px:
+        member = GroupMember(
+            config(f"localhost:{px.port}", f"sec-{mechanism}", **sasl(certs["good"].ca, mechanism))
+        )
+        spy = HeartbeatSpy(member)
+        app, cb = App(member), Callbacks()
+        try:
+            cb.subscribe(member, ["sec"])
+            joined(app)
+            app.poll_until(lambda: spy.answered_after(0) >= 3, what="heartbeats through TLS+SASL")
+            assert px.authenticated and {m for m, _ in px.authenticated} == {mechanism}
+            assert {u for _, u in px.authenticated} == {USER} and px.auth_failures == []
+            assert app.errors == []
+        finally:
+            assert timed_close(member) < 5.5
+
+
+def test_sasl_data_plane_goes_through_the_proxy_too(
+    kafka: EmbeddedKafka, certs: dict[str, Certificates]
+) -> None:
+    """The fetcher (librdkafka) gets the same security settings and authenticates too."""
+    with proxy(kafka, certs["good"], sasl=True) as px:
+        consumer = Consumer(
+            config(f"localhost:{px.port}", "sec-data", **sasl(certs["good"].ca, "SCRAM-SHA-512"))
+        )
+        app = App(consumer)
+        try:
+            consumer.subscribe(["sec"])
+            assert sorted(app.next_record().value() for _ in range(4))[0] == b"r0"
+            assert len(px.authenticated) >= 2, "the SDK's and the fetcher's connections"
+        finally:
+            assert timed_close(consumer) < 5.5
+
+
+@pytest.mark.parametrize("mechanism", ["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"])
+def test_wrong_password_is_rejected_with_a_clear_error(
+    kafka: EmbeddedKafka, certs: dict[str, Certificates], mechanism: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    caplog.set_level(logging.DEBUG)
+    with proxy(kafka, certs["good"], sasl=True) as px:
+        member = GroupMember(config(f"localhost:{px.port}", f"sec-bad-{mechanism}",
+                                    **sasl(certs["good"].ca, mechanism, WRONG)))  # fmt: skip
+        app = App(member)
+        try:
+            member.subscribe(["sec"])
+            app.poll_until(lambda: app.errors, timeout=20, what="poll() raising the auth failure")
+            error = app.errors[0].args[0]
+            assert error.code() == KafkaError.SASL_AUTHENTICATION_FAILED
+            assert f"SASL {mechanism} authentication as '{USER}' failed" in error.str()
+            assert member.state is not MemberState.STABLE
+            assert px.auth_failures and px.authenticated == []
+        finally:
+            assert timed_close(member) < 5.5
+    text = caplog.text + "".join(str(e) + repr(e) for e in app.errors)
+    assert WRONG not in text
+
+
+def test_credentials_never_appear_in_repr_logs_metrics_or_exceptions(
+    kafka: EmbeddedKafka, certs: dict[str, Certificates], caplog: pytest.LogCaptureFixture,
+    capfd: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    caplog.set_level(logging.DEBUG)  # every logger, every level
+    seen: list[str] = []
+    with proxy(kafka, certs["good"], sasl=True) as px:
+        for password, group in ((PASSWORD, "sec-leak-ok"), (WRONG, "sec-leak-bad")):
+            settings = sasl(certs["good"].ca, "SCRAM-SHA-256", password)
+            settings["ssl_key_password"] = "key-Pa55word-" + password
+            consumer = Consumer(config(f"localhost:{px.port}", group, **settings))
+            app = App(consumer)
+            try:
+                consumer.subscribe(["sec"])
+                if password == PASSWORD:
+                    joined(app)
+                else:
+                    app.poll_until(lambda a=app: a.errors, timeout=20, what="the auth failure")
+                seen += [repr(consumer), str(consumer), repr(consumer._config),
+                         repr(consumer._config.connection), repr(consumer._client),
+                         repr(consumer.metrics()), repr(consumer.assignment())]  # fmt: skip
+                seen += [str(e) + repr(e) + e.args[0].str() for e in app.errors]
+            finally:
+                assert timed_close(consumer) < 5.5
+        assert px.authenticated and px.auth_failures
+    out, err = capfd.readouterr()
+    text = "\n".join([*seen, caplog.text, out, err])
+    assert "SASL SCRAM-SHA-256 authentication" in text, "the failure was logged and raised"
+    for secret in (PASSWORD, WRONG, "key-Pa55word-"):
+        assert secret not in text, f"{secret!r} leaked"
