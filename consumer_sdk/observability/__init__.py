@@ -1,0 +1,1 @@
+"""Optional OpenTelemetry export (``pip install consumer-sdk[otel]``): see :mod:`.otel`."""
