@@ -405,3 +405,41 @@ def test_rejoin_after_stale_uses_full_heartbeat_with_regex() -> None:
     d.app_poll()
     join = d.must_hb()
     assert (join.subscribed_topic_names, join.subscribed_topic_regex) == ((), "t.*")
+
+
+@pytest.mark.parametrize("state", list(S))
+def test_unsubscribe_in_each_state(state: MemberState) -> None:
+    d = drive_to(state)
+    owned = d.core.assigned_partitions
+    transitions_before = len(d.transitions)
+    d.unsubscribe()
+    d.run_callbacks()
+    d.drain()
+    new = [t.new for t in d.transitions[transitions_before:]]
+    if state in (S.JOINING, S.RECONCILING, S.ACKNOWLEDGING, S.STABLE):
+        assert new[:2] == [S.PREPARE_LEAVING, S.LEAVING]
+        released = [c for c in d.callbacks() if c.kind in (REVOKED, LOST)]
+        if owned:
+            assert released[-1].kind is REVOKED  # epoch > 0
+            assert set(released[-1].partitions) == owned
+        leave = d.hb()
+        assert leave is not None and leave.member_epoch == -1
+        assert d.state is S.UNSUBSCRIBED
+    elif state in (S.PREPARE_LEAVING, S.LEAVING):
+        assert S.PREPARE_LEAVING not in new[:1]  # the ongoing leave just goes on
+        d.run_callbacks()
+        assert d.state in (S.LEAVING, S.UNSUBSCRIBED)
+    elif state is S.FENCED:
+        assert new == [S.UNSUBSCRIBED]
+        assert d.hb() is None
+    elif state is S.FATAL:
+        assert new == []
+        assert d.errors()[-1].fatal
+        assert LeaveCompleted(heartbeat_sent=False) in d.seen
+    else:  # UNSUBSCRIBED, STALE: nothing to leave
+        assert new == []
+        assert LeaveCompleted(heartbeat_sent=False) in d.seen
+        d.advance(60_000)
+        assert d.hb() is None
+    d.app_poll()
+    assert d.state is not S.JOINING  # unsubscribed members never rejoin on their own
