@@ -54,7 +54,7 @@ class ConnectionSettings:
     socket_timeout_ms: int = 60_000
     connection_setup_timeout_ms: int = 30_000
     reconnect_backoff_ms: int = 100
-    reconnect_backoff_max_ms: int = 10_000
+    reconnect_backoff_max_ms: int = 1_000
     receive_message_max_bytes: int = 100_000_000
     ssl_ca_location: str | None = None
     ssl_certificate_location: str | None = None
@@ -150,7 +150,7 @@ class ConnectionSettings:
             socket_timeout_ms=get_int("socket.timeout.ms", 60_000, 10),
             connection_setup_timeout_ms=get_int("socket.connection.setup.timeout.ms", 30_000, 10),
             reconnect_backoff_ms=get_int("reconnect.backoff.ms", 100),
-            reconnect_backoff_max_ms=get_int("reconnect.backoff.max.ms", 10_000),
+            reconnect_backoff_max_ms=get_int("reconnect.backoff.max.ms", 1_000),
             receive_message_max_bytes=get_int("receive.message.max.bytes", 100_000_000, 1000),
             ssl_ca_location=get_str("ssl.ca.location"),
             ssl_certificate_location=get_str("ssl.certificate.location"),
