@@ -420,7 +420,7 @@ class GroupMember:
         while True:
             try:
                 return self._offsets.commit(
-                    offsets, self.member_id, self.member_epoch,
+                    offsets, self.member_id, self._commit_epoch(),
                     max(deadline - time.monotonic(), 0.05),
                 )  # fmt: skip
             except (
@@ -694,11 +694,19 @@ class GroupMember:
                 self._core.on_coordinator_unknown(now)
         self._wake_app()
 
+    def _commit_epoch(self) -> int:
+        """OffsetCommit's GenerationIdOrMemberEpoch: the member epoch while in the group, else
+        -1 (reference §8). A fenced or rejoining member is at epoch 0; committing with 0 would
+        present its old partitions' offsets as a member's (a broker may accept it), while -1
+        is accepted only for an empty group."""
+        epoch = self.member_epoch
+        return epoch if epoch > 0 else -1
+
     def _run_async_commits(self) -> None:
         while self._async_commits:
             offsets, _ = self._async_commits.popleft()
             try:
-                self._offsets.commit(offsets, self.member_id, self.member_epoch,
+                self._offsets.commit(offsets, self.member_id, self._commit_epoch(),
                                      self._request_timeout())  # fmt: skip
             except Exception as exc:
                 log.warning("group %s: async commit failed: %s", self.group_id, exc)
