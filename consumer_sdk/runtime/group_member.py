@@ -692,6 +692,10 @@ class GroupMember:
                 self._core.on_heartbeat_failure(now, failure, request)
             if self._client.coordinator(self.group_id) is None and self._core.coordinator_known:
                 self._core.on_coordinator_unknown(now)
+            pending = set(self._core.pending_revocation)
+        # Fenced, fatal or stale: the partitions are lost now, not when on_lost runs in the
+        # next poll(); records of theirs still buffered must not reach the application.
+        self._fence(pending)
         self._wake_app()
 
     def _commit_epoch(self) -> int:
