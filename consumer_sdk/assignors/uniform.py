@@ -23,6 +23,7 @@ from collections import deque
 from collections.abc import Collection, Mapping, Sequence
 from heapq import heapify, heappop, heappush
 from itertools import accumulate, chain, groupby, repeat
+from operator import setitem
 from typing import cast
 
 from consumer_sdk.assignors._common import (
@@ -415,14 +416,7 @@ def _fill_least_loaded(
                 offset += gain * len(seg)
                 if fresh:
                     # held[mi][topic] = fs for each receiver, looping in C.
-                    deque(
-                        map(
-                            dict.update,
-                            map(held.__getitem__, seg),
-                            _single_topic_dicts(topic, fsets),
-                        ),
-                        maxlen=0,
-                    )
+                    deque(map(setitem, map(held.__getitem__, seg), repeat(topic), fsets), maxlen=0)
                 else:
                     for mi, fs in zip(seg, fsets, strict=True):
                         mine = held[mi]
