@@ -342,6 +342,7 @@ class Driver:
             close_timeout_s=a.close_timeout,
             acked_by_producer=self.acked,
             overlap_tolerance_s=a.overlap_tolerance,
+            heartbeat_interval_s=a.heartbeat_interval_ms / 1000,
         )
 
 

@@ -20,6 +20,7 @@ from tests.reliability.support import (
     config,
     hb_timestamps_ms,
     timed_close,
+    wait_for,
 )
 
 SESSION_MS = 4000
@@ -187,3 +188,58 @@ def test_broker_drops_heartbeat_support_mid_session(embedded_kafka_factory: Any)
     finally:
         took = timed_close(app.member, timeout=5.0)
     assert took < 5.5, f"close() took {took:.1f}s"
+
+
+def test_coordinator_back_after_many_failed_reconnects_is_reached_within_a_second(
+    embedded_kafka_factory: Any,
+) -> None:
+    """Reconnect backoff is capped at reconnect.backoff.max.ms (1 s by default, as the Java
+    client): after a 4 s outage (dozens of failed attempts) the member is back well inside
+    the 6 s session instead of waiting out a multi-second backoff and being fenced."""
+    kafka: EmbeddedKafka = embedded_kafka_factory(
+        brokers=2, heartbeat_interval_ms=300, session_timeout_ms=6000
+    )
+    kafka.create_topic("bf", partitions=2, replication_factor=1)
+    for p in range(2):
+        kafka.partition_set_leader("bf", p, 1)
+    app, cb = stable_member(kafka, "bf-backoff")
+    spy = HeartbeatSpy(app.member)
+    try:
+        kafka.broker_down(2)
+        app.poll_for(4.0)
+        kafka.broker_up(2)
+        up = time.monotonic()
+        app.poll_until(lambda: any(c.error_code == 0 and c.sent > up for c in spy.snapshot()),
+                       what="a heartbeat answered after the outage")  # fmt: skip
+        back = min(c.sent for c in spy.snapshot() if c.error_code == 0 and c.sent > up) - up
+        assert back < 1.5, f"first answered heartbeat {back:.1f}s after the broker came back"
+        app.poll_for(1.0)
+        assert "lost" not in cb.kinds() and app.member.state is MemberState.STABLE
+    finally:
+        assert timed_close(app.member) < 5.5
+
+
+def test_fenced_consumer_hands_out_no_buffered_record_of_lost_partitions(
+    embedded_kafka_factory: Any,
+) -> None:
+    """Fencing is applied to the data plane by the background thread at once: records that
+    librdkafka already buffered for the lost partitions are dropped even before on_lost runs
+    in the next poll() (a zombie must not process what the next owner processes)."""
+    kafka: EmbeddedKafka = embedded_kafka_factory(
+        brokers=1, heartbeat_interval_ms=300, session_timeout_ms=6000
+    )
+    kafka.create_topic("bf", partitions=2, replication_factor=1)
+    consumer = Consumer(config(kafka, "bf-zombie", enable_auto_commit=False))
+    app, cb = App(consumer), Callbacks()
+    try:
+        cb.subscribe(consumer, ["bf"])
+        kafka.produce("bf", [b"first"])
+        app.next_record()
+        kafka.produce("bf", [b"buffered"] * 50)
+        kafka.push_broker_errors(1, HB, [(110, 0)])  # FENCED_MEMBER_EPOCH, app not polling
+        wait_for(lambda: app.member.state is MemberState.FENCED, what="fenced (not polling)")
+        assert consumer._fetcher.poll(1.0) is None, "a lost partition's record was handed out"
+        assert "lost" not in cb.kinds(), "on_lost runs only inside the next poll()"
+        app.poll_until(lambda: "lost" in cb.kinds(), what="on_lost")
+    finally:
+        assert timed_close(consumer) < 5.5

@@ -137,3 +137,45 @@ def test_offset_fetch_error_on_assignment(
     finally:
         took = timed_close(consumer)
     assert took < 5.5
+
+
+def test_fenced_member_commits_with_epoch_minus_one(embedded_kafka_factory: Any) -> None:
+    """Outside the group (fenced, rejoining) a commit carries epoch -1, not the rejoin epoch 0:
+    the old partitions' offsets must not pass for a member's."""
+    kafka: EmbeddedKafka = embedded_kafka_factory(
+        brokers=1, heartbeat_interval_ms=300, session_timeout_ms=6000
+    )
+    kafka.create_topic("oc", partitions=1, replication_factor=1)
+    member = GroupMember(config(kafka, "oc-fenced", enable_auto_commit=False))
+    sent: list[int] = []
+    real = member._client.offset_commit
+
+    def spy(request: Any, timeout_s: float | None = None) -> Any:
+        sent.append(request.member_epoch)
+        return real(request, timeout_s)
+
+    member._client.offset_commit = spy  # type: ignore[method-assign]
+    outcome: list[str] = []
+
+    def on_lost(consumer: Any, parts: list[TopicPartition]) -> None:
+        try:
+            consumer.commit(offsets=[TopicPartition("oc", 0, 9)], asynchronous=False)
+            outcome.append("committed")
+        except KafkaException as exc:
+            outcome.append(exc.args[0].str())
+
+    app = App(member)
+    try:
+        member.subscribe(["oc"], on_lost=on_lost)
+        _stable_one = lambda: member.state is MemberState.STABLE and member.assignment()  # noqa: E731
+        app.poll_until(_stable_one, what="stable")
+        in_group = member.member_epoch
+        member.commit(offsets=[TopicPartition("oc", 0, 5)], asynchronous=False)
+        kafka.push_broker_errors(1, 68, [(110, 0)])  # FENCED_MEMBER_EPOCH
+        app.poll_until(lambda: outcome, what="the commit inside on_lost")
+        assert sent == [in_group, -1]
+        assert outcome[0].startswith("commit failed: UNKNOWN_MEMBER_ID"), outcome
+        app.poll_until(_stable_one, what="rejoined")
+        assert member.committed([TopicPartition("oc", 0)])[0].offset == 5
+    finally:
+        assert timed_close(member) < 5.5
