@@ -368,9 +368,9 @@ def main(argv: list[str] | None = None) -> int:
         "--budget",
         type=float,
         default=None,
-        help="seconds of timed runs per case (default 0.5, or 0.05 with --quick)",
+        help="seconds of timed runs per case (default 0.3, or 0.05 with --quick)",
     )
-    parser.add_argument("--max-runs", type=int, default=25, help="cap on timed runs per case")
+    parser.add_argument("--max-runs", type=int, default=15, help="cap on timed runs per case")
     parser.add_argument(
         "--only",
         default="",
@@ -384,7 +384,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--run-case", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    budget: float = args.budget if args.budget is not None else (0.05 if args.quick else 0.5)
+    budget: float = args.budget if args.budget is not None else (0.05 if args.quick else 0.3)
 
     if args.run_case:
         result = run_case(_parse_case(args.run_case), budget, args.max_runs)

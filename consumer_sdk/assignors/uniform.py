@@ -10,10 +10,11 @@ Two builders, picked from the members' (known) topic sets:
   least-loaded subscriber of its topic, then rebalance topic by topic from the most to the
   least loaded subscriber (at most :data:`MAX_BALANCE_PASSES` passes).
 
-Implementation notes (speed): topics are handled by index, loads are counts, partitions
-handed out in bulk are contiguous runs of the free partitions, frozensets built from runs
-are shared between members when they are equal, and members whose previous target is
-kept whole get a plain copy of their previous dict.
+Implementation notes (speed): loads are counts; partitions are handed out as contiguous
+runs of the free partitions, and equal runs share one frozenset; the loops over members
+run in C where possible (``map``, ``dict.fromkeys``, slicing); members whose previous
+target is kept whole start from a plain copy of their previous dict, which reuses the
+stored key hashes (``uuid.UUID`` hashes in Python).
 """
 
 from __future__ import annotations
@@ -129,11 +130,9 @@ def _homogeneous(
     total = sum(counts)
     min_quota, extra = divmod(total, n)
 
-    index = TopicIndex(topics)
-    held: list[dict[T, frozenset[int]]]
-    unclaimed: Sequence[Sequence[int]]
     if not previous:
         return dict(zip(member_ids, _fill_fresh(topics, counts, n), strict=True))
+    index = TopicIndex(topics)
     retained = retain_previous(member_ids, None, index, counts, previous)
     held, unclaimed, sizes = retained.held, retained.unclaimed, retained.sizes
 
