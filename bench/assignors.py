@@ -281,6 +281,8 @@ def render(
         "- *Java*: the published JMH figure (ms/op, AverageTime) where one exists (KIP-848",
         "  reference, section 10), measured by the PR authors on their own machines, so the",
         "  ratios are indicative only. *ratio* = ms/op / Java; *ratio best* = best / Java.",
+        "  Not compared: the published 100/5/1000 figures (fewer partitions than topics, a",
+        "  case this grid skips) and the rack-aware prototype (#20000).",
         "",
         f"- Machine: {platform.machine()}, {os.cpu_count()} CPUs, {_cpu_model()}",
         f"- Python: {platform.python_implementation()} {platform.python_version()}"
