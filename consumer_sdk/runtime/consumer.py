@@ -114,6 +114,7 @@ class Consumer(GroupMember):
 
     def position(self, partitions: Sequence[TopicPartition]) -> list[TopicPartition]:
         """Next offset to be returned per partition (OFFSET_INVALID if unknown)."""
+        self._ensure_usable()
         positions = self._fetcher.positions()
         return [
             TopicPartition(tp.topic, tp.partition, positions.get((tp.topic, tp.partition), -1001))
@@ -121,9 +122,11 @@ class Consumer(GroupMember):
         ]
 
     def pause(self, partitions: Sequence[TopicPartition]) -> None:
+        self._ensure_usable()
         self._fetcher.pause((tp.topic, tp.partition) for tp in partitions)
 
     def resume(self, partitions: Sequence[TopicPartition]) -> None:
+        self._ensure_usable()
         self._fetcher.resume((tp.topic, tp.partition) for tp in partitions)
 
     # -- data-plane hooks --------------------------------------------------------------------
