@@ -306,6 +306,9 @@ def test_close_twice_and_using_a_closed_consumer(kafka1: EmbeddedKafka) -> None:
         "unsubscribe": consumer.unsubscribe,
         "commit": lambda: consumer.commit(offsets=tp, asynchronous=False),
         "committed": lambda: consumer.committed(tp),
+        "position": lambda: consumer.position(tp),
+        "pause": lambda: consumer.pause(tp),
+        "resume": lambda: consumer.resume(tp),
     }
     for name, call in calls.items():
         with pytest.raises(KafkaException) as info:
