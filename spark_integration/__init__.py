@@ -24,6 +24,9 @@ from spark_integration.options import SourceOptions
 if TYPE_CHECKING:
     from spark_integration.members import GroupMembersJob, MemberReport
 
+# Executors import this package to unpickle the reader: keep consumer_sdk (pydantic) and
+# pyspark out of its import path.
+
 __all__ = [
     "FORMAT",
     "DataLossError",

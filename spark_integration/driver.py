@@ -333,6 +333,7 @@ class GroupReader:
                 member.close(timeout=timeout)
             except Exception as exc:  # closing is best-effort; the session timeout cleans up
                 log.warning("kip848: closing the group member failed: %s", exc)
+            self._event("left", [], member_id=member.member_id)
         client, self._watermark_client = self._watermark_client, None
         if client is not None:
             closer = threading.Thread(target=client.close, daemon=True)

@@ -8,8 +8,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from consumer_sdk.config import ConsumerConfig
-from consumer_sdk.errors import ConfigError
 from spark_integration.offsets import Partition, parse_starting_offsets
 
 __all__ = ["SourceOptions"]
@@ -57,6 +55,9 @@ def _int(options: Mapping[str, str], key: str, default: int | None, minimum: int
 @functools.lru_cache(maxsize=256)
 def _member_accepts(key: str) -> bool:
     """Whether ``consumer_sdk``'s config model knows ``key`` (others go to executors only)."""
+    from consumer_sdk.config import ConsumerConfig  # imported lazily: executors never need it
+    from consumer_sdk.errors import ConfigError
+
     try:
         ConsumerConfig.from_mapping(
             {"bootstrap.servers": "localhost:9092", "group.id": "x", key: ""}

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
@@ -24,9 +24,11 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from spark_integration import driver
 from spark_integration.executor import HEADERS_DDL, KAFKA_SCHEMA_DDL, ReadTask, read_range
 from spark_integration.options import SourceOptions
+
+if TYPE_CHECKING:
+    from spark_integration.driver import GroupReader
 
 __all__ = ["Kip848DataSource", "Kip848Partition", "Kip848StreamReader"]
 
@@ -60,8 +62,10 @@ class Kip848StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  
         self.options = options
         self.reader_id = uuid.uuid4().hex
 
-    def _driver(self) -> driver.GroupReader:
-        return driver.reader_for(self.reader_id, self.options)
+    def _driver(self) -> GroupReader:
+        from spark_integration.driver import reader_for  # not on executors: no consumer_sdk
+
+        return reader_for(self.reader_id, self.options)
 
     def initialOffset(self) -> dict[str, Any]:
         return self._driver().initial_offset()
@@ -107,4 +111,6 @@ class Kip848StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  
         self._driver().commit(end)
 
     def stop(self) -> None:
-        driver.close_reader(self.reader_id)
+        from spark_integration.driver import close_reader
+
+        close_reader(self.reader_id)

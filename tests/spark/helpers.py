@@ -125,5 +125,6 @@ class PlainMember:
         self.consumer.close(timeout=10)
 
 
-def wait_for(condition: Callable[[], Any], timeout: float, what: str) -> Any:
-    return wait_until(condition, timeout=timeout, interval=0.1, description=what)
+def wait_for(condition: Callable[[], Any], timeout: float, what: str, interval: float = 0.2) -> Any:
+    """Poll ``condition`` until truthy (bounded by ``timeout``)."""
+    return wait_until(condition, timeout=timeout, interval=interval, description=what)

@@ -64,6 +64,11 @@ def parquet_rows(spark: Any, path: Path) -> list[Record]:
     return [(r.topic, r.partition, r.offset) for r in df.collect()]
 
 
+def input_rows(query: Any) -> int:
+    """Rows the query's batches read so far (from its progress: no Spark job)."""
+    return sum(int(p["numInputRows"]) for p in query.recentProgress)
+
+
 def stop(query: Any) -> None:
     if query.isActive:
         query.stop()
@@ -147,8 +152,8 @@ def test_query_shares_the_group_with_a_plain_consumer(
                  60, "the second round read by both")  # fmt: skip
         assert {p for _, p, o in other.records} == other.owned
         other.close()
-        wait_for(lambda: [e for e in events(log) if e["kind"] == "assign"
-                          and len(e["partitions"]) == 2], 30, "the partitions coming back")  # fmt: skip
+        assigns = lambda: [e for e in events(log) if e["kind"] == "assign"]  # noqa: E731
+        wait_for(lambda: len(assigns()) >= 2, 30, "the partitions coming back")
         produce(embedded_kafka, topic, PARTS, 50, "c")
         wait_for(lambda: len(set(memory_rows(spark, "src_share")) | set(other.records)) == 600,
                  60, "the third round")  # fmt: skip
@@ -221,7 +226,7 @@ def _restart_case(spark: Any, kafka: EmbeddedKafka, tmp_path: Path, name: str,
 
     query = start()
     try:
-        wait_for(lambda: len(parquet_rows(spark, out)) >= 120, 90, "some batches in the sink")
+        wait_for(lambda: input_rows(query) >= 120, 90, "some batches in the sink")
         if kill:
             pid = [e["pid"] for e in events(log) if e["kind"] == "start"][-1]
             os.kill(pid, signal.SIGKILL)  # the stream-reader process dies without leaving
@@ -232,8 +237,9 @@ def _restart_case(spark: Any, kafka: EmbeddedKafka, tmp_path: Path, name: str,
         assert len(parquet_rows(spark, out)) < 400, "stopped too late to be mid-stream"
         produce(kafka, topic, PARTS, 50, "b")
         query = start()
-        wait_for(lambda: len(parquet_rows(spark, out)) >= 600, 120, "every record after restart")
-        time.sleep(0)  # (the wait above bounds the run)
+        # Kafka commits only what the sink durably holds: all committed means all written.
+        wait_for(lambda: committed(kafka, group, topic, PARTS) == dict.fromkeys(range(PARTS), 150),
+                 120, "every record after the restart")  # fmt: skip
     finally:
         stop(query)
     rows = parquet_rows(spark, out)
@@ -267,9 +273,7 @@ def test_stopped_query_leaves_the_group(
     query = (df.writeStream.format("noop").option("checkpointLocation", str(tmp_path / "ck"))
              .trigger(processingTime="300 milliseconds").start())  # fmt: skip
     try:
-        wait_for(lambda: query.lastProgress and query.lastProgress["numInputRows"] > 0
-                 or committed(kafka, group, topic, PARTS) == dict.fromkeys(range(PARTS), 10),
-                 90, "the first batch")  # fmt: skip
+        wait_for(lambda: input_rows(query) == 40, 90, "the first batch")
     finally:
         query.stop()
     stopped = time.monotonic()
@@ -278,7 +282,6 @@ def test_stopped_query_leaves_the_group(
         # The session timeout is 60 s: getting every partition quickly means the query left.
         wait_for(lambda: len(other.owned) == PARTS, 15, "the partitions after the query left")
         assert time.monotonic() - stopped < 15
-        kinds = [e["kind"] for e in events(log)]
-        assert "close" in kinds
+        wait_for(lambda: "left" in [e["kind"] for e in events(log)], 10, "the 'left' event")
     finally:
         other.close()
