@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -157,7 +158,8 @@ def test_pytest_plugin_fixtures(tmp_path: Path) -> None:
         timeout=120,
     )
     output = result.stdout + result.stderr
-    assert "2 passed, 1 error" in output, output
+    # Plugins may add warnings to the summary line ("2 passed, 1 warning, 1 error").
+    assert re.search(r"\b2 passed\b.*\b1 error\b", output), output
     assert "EmbeddedKafka child process died" in output
     assert "SIGKILL" in output
 
