@@ -3,8 +3,10 @@
 The consumers live in this module's globals, so they survive across tasks in a reused
 Python worker (Spark reuses workers; an idle one is killed after a minute, closing them).
 They use the group id ``<group.id>-spark-executor``, never subscribe and never commit, so
-they never join a group. A consumer that finished a range at offset ``n`` is paused, and
-continues without a seek when the next range of that partition starts at ``n``.
+they never join a group. A consumer that finished a range at offset ``n`` keeps its
+prefetched records (bounded by ``queued.max.messages.kbytes``) and continues without a seek
+when the next range of that partition starts at ``n``; pausing it instead costs 0.5-1 s
+per resume in librdkafka.
 """
 
 from __future__ import annotations
@@ -250,10 +252,11 @@ def read_range(task: ReadTask) -> Iterator[pa.RecordBatch]:
     tp = TopicPartition(r.topic, r.partition, r.from_offset)
     clean = False
     try:
-        if entry.assigned is None or entry.next_offset != r.from_offset:
-            entry.consumer.assign([tp])  # a seek: drops whatever was prefetched
+        if entry.assigned is None:
+            entry.consumer.assign([tp])
             entry.assigned = tp
-        entry.consumer.resume([TopicPartition(r.topic, r.partition)])
+        elif entry.next_offset != r.from_offset:
+            entry.consumer.seek(tp)  # drops whatever was prefetched
         entry.next_offset = -1
         yield from _consume(entry, task, schema)
         # Continue without a seek next time only if the consumer stopped exactly at the end.
@@ -261,10 +264,6 @@ def read_range(task: ReadTask) -> Iterator[pa.RecordBatch]:
         entry.next_offset = r.until_offset if pos == r.until_offset else -1
         clean = True
     finally:
-        try:
-            entry.consumer.pause([TopicPartition(r.topic, r.partition)])
-        except KafkaException:
-            clean = False
         if clean:
             _checkin(task.config, r.topic, r.partition, entry)
         else:

@@ -27,6 +27,12 @@ _MEMBER_ONLY = frozenset(
     {"group.instance.id", "group.remote.assignor", "max.poll.interval.ms", "client.rack"}
 )
 _TRUE = {"true": True, "false": False}
+_FETCH_DEFAULTS = {
+    "fetch.wait.max.ms": "10",
+    "fetch.queue.backoff.ms": "10",
+    "fetch.error.backoff.ms": "10",
+    "queued.max.messages.kbytes": "16384",  # per cached consumer's prefetch
+}
 
 
 def _bool(options: Mapping[str, str], key: str, default: bool) -> bool:
@@ -170,6 +176,10 @@ class SourceOptions:
         """
         conf: dict[str, Any] = {k: v for k, v in self.kafka_params.items() if k not in _MEMBER_ONLY}
         conf.setdefault("client.id", f"spark-kip848-{role}")
+        # A task reads a range that exists: never wait on the broker or behind a backoff
+        # (librdkafka's defaults add 0.5-1 s after a seek or resume).
+        for key, value in _FETCH_DEFAULTS.items():
+            conf.setdefault(key, value)
         conf.update(
             {
                 "bootstrap.servers": self.bootstrap_servers,

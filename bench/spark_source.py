@@ -1,0 +1,200 @@
+"""Throughput of the ``kip848`` Spark source against a direct confluent-kafka -> Arrow read.
+
+Not a test. Run from the repository root (needs the spark extra and Java 17)::
+
+    python -m bench.spark_source            # 400k records
+    python -m bench.spark_source --quick    # 60k records, a couple of minutes
+
+Against one EmbeddedKafka broker (4 partitions, 100-byte values), in one run:
+
+* **direct**: one assign-only ``confluent_kafka.Consumer`` reads every partition from 0 to
+  its high watermark and builds ``pyarrow.RecordBatch``es in the Kafka source schema
+  (``records_to_batch``): the floor for any Python reader of these offsets.
+* **source**: a ``Trigger.AvailableNow`` query with a ``noop`` sink reads the same offsets
+  in one micro-batch (4 tasks), after a warm-up query (Python workers started). Rows/s are
+  computed from the batch's ``triggerExecution`` time, and from the whole query's wall time.
+* **micro-batch overhead**: another topic read in batches of 1000 rows (maxOffsetsPerTrigger); the
+  mean trigger time, its ``latestOffset`` part (the group member's poll, a commit and the
+  watermark lookups) and the time per trigger beyond reading the rows at the one-batch rate.
+
+Absolute numbers on shared machines are noise; the ratios within one run are the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+PARTITIONS = 4
+VALUE = b"x" * 100
+
+
+def _spark() -> Any:
+    java = shutil.which("java")
+    if java is not None:
+        os.environ.setdefault("JAVA_HOME", str(Path(os.path.realpath(java)).parent.parent))
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    import spark_integration
+
+    spark = (
+        SparkSession.builder.master("local[4]")
+        .appName("bench-spark-source")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    spark_integration.register(spark)
+    return spark
+
+
+def _produce(bootstrap: str, topic: str, records: int) -> None:
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20,
+                         "batch.num.messages": 10000})  # fmt: skip
+    for i in range(records):
+        while True:
+            try:
+                producer.produce(topic, VALUE, key=str(i).encode(), partition=i % PARTITIONS)
+                break
+            except BufferError:
+                producer.poll(0.05)
+        if i % 10000 == 0:
+            producer.poll(0)
+    if producer.flush(60) != 0:
+        raise RuntimeError("records not delivered")
+
+
+def _direct(bootstrap: str, topic: str) -> tuple[int, float]:
+    """Read every offset with one assign-only consumer into Arrow batches; (rows, seconds)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    from spark_integration.executor import records_to_batch
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench-direct",
+                         "enable.auto.commit": False, "enable.partition.eof": True})  # fmt: skip
+    try:
+        ends = {
+            p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
+            for p in range(PARTITIONS)
+        }
+        started = time.perf_counter()
+        consumer.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
+        rows, done = 0, {p for p, end in ends.items() if end == 0}
+        while len(done) < PARTITIONS:
+            msgs = [m for m in consumer.consume(10000, 1.0) if m.error() is None]
+            if msgs:
+                rows += records_to_batch(msgs).num_rows
+                for m in msgs:
+                    if m.offset() + 1 >= ends[m.partition()]:
+                        done.add(m.partition())
+        return rows, time.perf_counter() - started
+    finally:
+        consumer.close()
+
+
+def _query(spark: Any, bootstrap: str, topic: str, group: str, max_per_trigger: int | None,
+           workdir: Path) -> tuple[float, list[dict[str, Any]]]:  # fmt: skip
+    stream = (
+        spark.readStream.format("kip848")
+        .option("kafka.bootstrap.servers", bootstrap)
+        .option("group.id", group)
+        .option("subscribe", topic)
+        .option("startingOffsets", "earliest")
+    )
+    if max_per_trigger:
+        stream = stream.option("maxOffsetsPerTrigger", max_per_trigger)
+    started = time.perf_counter()
+    query = (
+        stream.load()
+        .writeStream.format("noop")
+        .option("checkpointLocation", str(workdir / group))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination(600)
+    wall = time.perf_counter() - started
+    return wall, [p for p in query.recentProgress if p["numInputRows"]]
+
+
+def run(quick: bool = False) -> dict[str, Any]:
+    """Run the benchmark; return its figures (also printed by ``main``)."""
+    from consumer_sdk.testing import EmbeddedKafka
+
+    records = 60_000 if quick else 400_000
+    small = 1_000
+    spark = _spark()
+    out: dict[str, Any] = {}
+    try:
+        with EmbeddedKafka(brokers=1) as kafka, tempfile.TemporaryDirectory() as tmp:
+            workdir = Path(tmp)
+            bootstrap = kafka.bootstrap_servers
+            kafka.create_topic("bench-warm", partitions=PARTITIONS)
+            kafka.create_topic("bench", partitions=PARTITIONS)
+            kafka.create_topic("bench-small", partitions=PARTITIONS)
+            _produce(bootstrap, "bench-warm", 4_000)
+            _produce(bootstrap, "bench", records)
+            _produce(bootstrap, "bench-small", small * (10 if quick else 30))
+            cold_wall, _ = _query(spark, bootstrap, "bench-warm", "bench-warm", None, workdir)
+            rows, direct_s = _direct(bootstrap, "bench")
+            assert rows == records, (rows, records)
+            wall, progress = _query(spark, bootstrap, "bench", "bench-one", None, workdir)
+            assert sum(p["numInputRows"] for p in progress) == records
+            one_ms = sum(p["durationMs"]["triggerExecution"] for p in progress)
+            read_ms = sum(p["durationMs"].get("addBatch", 0) for p in progress)
+            small_wall, small_progress = _query(
+                spark, bootstrap, "bench-small", "bench-small", small, workdir
+            )
+            triggers = [p["durationMs"]["triggerExecution"] for p in small_progress]
+            latest = [p["durationMs"].get("latestOffset", 0) for p in small_progress]
+            per_row_ms = one_ms / records
+    finally:
+        spark.stop()
+    direct_rate = records / direct_s
+    source_rate = records / (one_ms / 1000)
+    source_wall_rate = records / wall
+    overhead = statistics.mean(triggers) - small * per_row_ms
+    out["records"] = records
+    out["direct confluent-kafka -> Arrow, rows/s"] = round(direct_rate)
+    out["kip848 source, one batch, rows/s (trigger time)"] = round(source_rate)
+    out["kip848 source, one batch, rows/s (query wall time)"] = round(source_wall_rate)
+    out["ratio source / direct (trigger time)"] = round(source_rate / direct_rate, 2)
+    out["ratio source / direct (query wall time)"] = round(source_wall_rate / direct_rate, 2)
+    out["addBatch share of the one-batch trigger"] = round(read_ms / one_ms, 2)
+    out[f"micro-batches of {small} rows: count"] = len(triggers)
+    out[f"micro-batches of {small} rows: mean trigger ms"] = round(statistics.mean(triggers), 1)
+    out["mean latestOffset ms (member poll + commit + watermarks)"] = round(
+        statistics.mean(latest), 1
+    )
+    out["per-trigger overhead ms (beyond reading rows)"] = round(overhead, 1)
+    out[f"rows/s at {small} rows per trigger / one-batch rows/s"] = round(
+        (len(triggers) * small / (sum(triggers) / 1000)) / source_rate, 3
+    )
+    out["cold start: first query incl. Python workers, s"] = round(cold_wall, 1)
+    out["whole small-batch query wall time, s"] = round(small_wall, 1)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="60k records instead of 400k")
+    args = parser.parse_args(argv)
+    for key, value in run(args.quick).items():
+        print(f"{key}: {value}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
