@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
+
 from consumer_sdk.testing import EmbeddedKafka
 from spark_integration.driver import GroupReader
 from spark_integration.offsets import SourceOffset
@@ -238,3 +240,58 @@ def test_replay_of_an_unfinished_batch_after_restart(embedded_kafka: EmbeddedKaf
         assert second.plan(query.start, end) == []
     finally:
         second.close()
+
+
+def test_starting_offsets_apply_where_the_group_has_no_commit(
+    embedded_kafka: EmbeddedKafka,
+) -> None:
+    topic = "gr-starting"
+    embedded_kafka.create_topic(topic, partitions=PARTS)
+    produce(embedded_kafka, topic, PARTS, 10, "a")
+    cases = {
+        "latest": dict.fromkeys(range(PARTS), 10),
+        "earliest": dict.fromkeys(range(PARTS), 0),
+        json.dumps({topic: {"0": 3, "1": -1, "2": -2}}): {0: 3, 1: 10, 2: 0, 3: 0},
+    }
+    for i, (spec, expected) in enumerate(cases.items()):
+        reader = GroupReader(options(embedded_kafka, f"gr-starting-{i}", topic,
+                                     startingOffsets=spec))  # fmt: skip
+        try:
+            initial = SourceOffset.from_json(reader.initial_offset())
+            assert {p: o for (_, p), o in initial.positions.items()} == expected, spec
+            reader.latest_offset(reader.initial_offset())  # batch 0's start is durable
+        finally:
+            reader.close()
+    # With a committed offset the group wins over startingOffsets.
+    reader = GroupReader(
+        options(embedded_kafka, "gr-starting-0", topic, startingOffsets="earliest")
+    )
+    try:
+        initial = SourceOffset.from_json(reader.initial_offset())
+        assert {p: o for (_, p), o in initial.positions.items()} == dict.fromkeys(range(PARTS), 10)
+    finally:
+        reader.close()
+
+
+def test_offsets_missing_from_the_log_fail_or_restart_at_earliest(
+    embedded_kafka: EmbeddedKafka,
+) -> None:
+    """A checkpoint beyond the log (recreated topic): failOnDataLoss decides."""
+    from spark_integration.offsets import DataLossError
+
+    topic = "gr-loss"
+    embedded_kafka.create_topic(topic, partitions=1)
+    produce(embedded_kafka, topic, 1, 10, "a")
+    checkpoint = SourceOffset({(topic, 0): 500}).to_json()
+    strict = GroupReader(options(embedded_kafka, "gr-loss-a", topic))
+    try:
+        with pytest.raises(DataLossError, match="failOnDataLoss=false"):
+            strict.latest_offset(checkpoint)
+    finally:
+        strict.close()
+    lenient = GroupReader(options(embedded_kafka, "gr-loss-b", topic, failOnDataLoss="false"))
+    try:
+        end = SourceOffset.from_json(lenient.latest_offset(checkpoint))
+        assert end.starts == {(topic, 0): 0} and end.positions == {(topic, 0): 10}
+    finally:
+        lenient.close()
