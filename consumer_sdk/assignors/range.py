@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Mapping
 from itertools import chain
+from operator import attrgetter
 
 from consumer_sdk.assignors._common import (
     Assignment,
@@ -15,6 +17,8 @@ from consumer_sdk.assignors._common import (
     sort_keys,
 )
 from consumer_sdk.assignors.base import Assignor
+
+_TOPICS = attrgetter("topics")
 
 
 class RangeAssignor(Assignor):
@@ -48,12 +52,13 @@ class RangeAssignor(Assignor):
             return out
 
         known = partitions.keys()
-        # Members with the same subscription form a group (rank order kept).
-        groups: dict[frozenset[T], list[str]] = {}
-        for member_id in ordered:
-            topics = members[member_id].topics
-            if topics:
-                groups.setdefault(topics, []).append(member_id)
+        # Members with the same subscription form a group (rank order kept); the loop
+        # groups[topics].append(member_id) runs in C.
+        topic_sets = list(map(_TOPICS, map(members.__getitem__, ordered)))
+        groups: dict[frozenset[T], list[str]] = {t: [] for t in dict.fromkeys(topic_sets) if t}
+        groups[frozenset()] = []
+        deque(map(list.append, map(groups.__getitem__, topic_sets), ordered), maxlen=0)
+        del groups[frozenset()]
         group_lists = list(groups.values())
         topic_groups: dict[T, list[int]] = {}
         for gi, topics in enumerate(groups):

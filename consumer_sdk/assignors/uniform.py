@@ -23,8 +23,8 @@ from bisect import bisect_right, insort
 from collections import deque
 from collections.abc import Collection, Mapping, Sequence
 from heapq import heapify, heappop, heappush
-from itertools import accumulate, chain, groupby, repeat
-from operator import setitem
+from itertools import accumulate, chain, count, groupby, repeat
+from operator import attrgetter, setitem
 from typing import cast
 
 from consumer_sdk.assignors._common import (
@@ -59,16 +59,13 @@ class UniformAssignor(Assignor):
         member_ids = sorted(members)
         if not member_ids:
             return {}
+        # Subscribed topics that exist, per distinct subscription (usually shared objects).
         known = partitions.keys()
-        effective: dict[frozenset[T], frozenset[T]] = {}
-        member_topics: list[frozenset[T]] = []
-        for member_id in member_ids:
-            topics = members[member_id].topics
-            eff = effective.get(topics)
-            if eff is None:
-                eff = topics if known >= topics else frozenset(t for t in topics if t in known)
-                effective[topics] = eff
-            member_topics.append(eff)
+        topic_sets = list(map(_TOPICS, map(members.__getitem__, member_ids)))
+        effective = {
+            topics: topics if known >= topics else frozenset(t for t in topics if t in known)
+            for topics in set(topic_sets)
+        }
         distinct = set(effective.values())
         all_topics: frozenset[T] = frozenset().union(*distinct)
         check_partition_counts(all_topics, partitions)
@@ -76,7 +73,11 @@ class UniformAssignor(Assignor):
             return {member_id: {} for member_id in member_ids}
         if len(distinct) == 1:
             return _homogeneous(member_ids, all_topics, partitions, previous or {})
+        member_topics = list(map(effective.__getitem__, topic_sets))
         return _heterogeneous(member_ids, member_topics, all_topics, partitions, previous or {})
+
+
+_TOPICS = attrgetter("topics")
 
 
 class _Chunks:
@@ -294,9 +295,9 @@ def _heterogeneous(
 
     # Members with equal subscriptions form a group; topics with the same groups of
     # subscribers share a signature.
-    groups: dict[frozenset[T], list[int]] = {}
-    for mi, eff in enumerate(member_topics):
-        groups.setdefault(eff, []).append(mi)
+    # (In order of first member; groups[eff].append(mi) for every member, looping in C.)
+    groups: dict[frozenset[T], list[int]] = {eff: [] for eff in dict.fromkeys(member_topics)}
+    deque(map(list.append, map(groups.__getitem__, member_topics), count()), maxlen=0)
     group_members = list(groups.values())
     group_topics = [[index.rank(t) for t in eff] for eff in groups]
     topic_groups: list[list[int]] = [[] for _ in range(nt)]
