@@ -2,7 +2,7 @@
 
 Not a test. Run from the repository root (needs the spark extra and Java 17)::
 
-    python -m bench.spark_source            # 400k records
+    python -m bench.spark_source            # 160k records
     python -m bench.spark_source --quick    # 60k records, a couple of minutes
 
 Against one EmbeddedKafka broker (4 partitions, 100-byte values), in one run:
@@ -93,19 +93,26 @@ def _direct(bootstrap: str, topic: str) -> tuple[int, float]:
         }
         # Connect first (the source's cached executor consumers are connected too).
         consumer.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
+        deadline = time.monotonic() + 60
         while not [m for m in consumer.consume(1, 1.0) if m.error() is None]:
-            pass
+            if time.monotonic() > deadline:
+                raise TimeoutError("the direct reader got no record within 60 s")
         for p in range(PARTITIONS):
             consumer.seek(TopicPartition(topic, p, 0))
         started = time.perf_counter()
         rows, done = 0, {p for p, end in ends.items() if end == 0}
+        deadline = time.monotonic() + 600
         while len(done) < PARTITIONS:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the direct read stalled at {rows} rows")
             msgs = [m for m in consumer.consume(10000, 1.0) if m.error() is None]
             if msgs:
                 rows += records_to_batch(msgs).num_rows
                 for m in msgs:
-                    if m.offset() + 1 >= ends[m.partition()]:
-                        done.add(m.partition())
+                    partition, offset = m.partition(), m.offset()
+                    assert partition is not None and offset is not None
+                    if offset + 1 >= ends[partition]:
+                        done.add(partition)
         return rows, time.perf_counter() - started
     finally:
         consumer.close()
@@ -135,11 +142,16 @@ def _query(spark: Any, bootstrap: str, topic: str, group: str, max_per_trigger: 
     return wall, [p for p in query.recentProgress if p["numInputRows"]]
 
 
+def _step(text: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
+
+
 def run(quick: bool = False) -> dict[str, Any]:
     """Run the benchmark; return its figures (also printed by ``main``)."""
     from consumer_sdk.testing import EmbeddedKafka
 
-    records = 60_000 if quick else 400_000
+    # The mock broker keeps about 50k records per partition (older segments are deleted).
+    records = 60_000 if quick else 160_000
     small = 1_000
     spark = _spark()
     out: dict[str, Any] = {}
@@ -150,16 +162,21 @@ def run(quick: bool = False) -> dict[str, Any]:
             kafka.create_topic("bench-warm", partitions=PARTITIONS)
             kafka.create_topic("bench", partitions=PARTITIONS)
             kafka.create_topic("bench-small", partitions=PARTITIONS)
+            _step(f"producing {records} records")
             _produce(bootstrap, "bench-warm", 4_000)
             _produce(bootstrap, "bench", records)
             _produce(bootstrap, "bench-small", small * (10 if quick else 30))
+            _step("warm-up query")
             cold_wall, _ = _query(spark, bootstrap, "bench-warm", "bench-warm", None, workdir)
+            _step("direct read")
             rows, direct_s = _direct(bootstrap, "bench")
             assert rows == records, (rows, records)
+            _step("one-batch query")
             wall, progress = _query(spark, bootstrap, "bench", "bench-one", None, workdir)
             assert sum(p["numInputRows"] for p in progress) == records
             one_ms = sum(p["durationMs"]["triggerExecution"] for p in progress)
             read_ms = sum(p["durationMs"].get("addBatch", 0) for p in progress)
+            _step("small-batch query")
             small_wall, small_progress = _query(
                 spark, bootstrap, "bench-small", "bench-small", small, workdir
             )
@@ -195,7 +212,7 @@ def run(quick: bool = False) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="60k records instead of 400k")
+    parser.add_argument("--quick", action="store_true", help="60k records instead of 160k")
     args = parser.parse_args(argv)
     for key, value in run(args.quick).items():
         print(f"{key}: {value}")

@@ -60,6 +60,7 @@ _KAFKA_LOG = logging.getLogger("spark_integration.librdkafka")
 
 _EMITTED_MEMORY = 64
 _CLOSE_TIMEOUT_S = 10.0
+_EXIT_WATCHDOG_S = 20.0
 
 
 def _tps(parts: Iterable[Partition]) -> list[TopicPartition]:
@@ -146,8 +147,12 @@ class GroupReader:
                 )  # fmt: skip
                 return
 
-    def _poll(self, member: GroupMember, timeout: float = 0.05) -> None:
-        """Serve the member: rebalance callbacks run here, never while Spark is mid-call."""
+    def _poll(self, member: GroupMember, timeout: float = 0.0) -> None:
+        """Serve the member: run the rebalance callbacks its heartbeat thread queued.
+
+        Called once per Spark call (latestOffset, commit), so callbacks never run while a
+        Spark call is half done; no waiting here (the heartbeat thread runs on its own).
+        """
         try:
             member.poll(timeout)
         except KafkaException as exc:
@@ -470,7 +475,7 @@ class GroupReader:
 # -- one reader per query run, and a clean exit ------------------------------------------------
 
 _registry: dict[str, GroupReader] = {}
-_registry_lock = threading.Lock()
+_registry_lock = threading.RLock()
 _handlers_installed = False
 
 
@@ -503,18 +508,25 @@ def close_all_readers() -> None:
 
 
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:
-    # Spark stops the stream-reader process with SIGTERM and rarely calls stop(): leave the
-    # group now, then die of the signal as the process would have.
+    # Spark stops the stream-reader process with SIGTERM and rarely calls stop(). Unwind
+    # instead of closing here (the signal may arrive inside the member's own poll): the
+    # runner's ``finally: reader.stop()`` and atexit then leave the group. Repeated signals
+    # are ignored, and a watchdog ends the process if the clean exit hangs.
+    global _terminating
+    if _terminating:
+        return
+    _terminating = True
     log.info("kip848: SIGTERM: leaving the group")
-    close_all_readers()
-    signal.signal(signal.SIGTERM, _previous_sigterm or signal.SIG_DFL)
+    watchdog = threading.Timer(_EXIT_WATCHDOG_S, os._exit, args=(128 + signum,))
+    watchdog.daemon = True
+    watchdog.start()
     if callable(_previous_sigterm):
         _previous_sigterm(signum, frame)
-    else:
-        os.kill(os.getpid(), signal.SIGTERM)
+    raise SystemExit(128 + signum)
 
 
 _previous_sigterm: Any = None
+_terminating = False
 
 
 def _install_exit_handlers() -> None:

@@ -115,8 +115,10 @@ class PlainMember:
                 continue
             if msg is None or msg.error() is not None:
                 continue
-            self.records.append((msg.topic(), msg.partition(), msg.offset()))
-            self._processed[(msg.topic(), msg.partition())] = msg.offset() + 1
+            topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
+            assert topic is not None and partition is not None and offset is not None
+            self.records.append((topic, partition, offset))
+            self._processed[(topic, partition)] = offset + 1
 
     def close(self) -> None:
         """Leave the group (the revoke callback commits first)."""

@@ -163,9 +163,13 @@ def test_revocation_during_an_inflight_batch(embedded_kafka: EmbeddedKafka) -> N
         durable = query.positions()
         end = reader.latest_offset(query.start)  # batch N+1 planned (offset log written)
         other = PlainMember(embedded_kafka, group, topic)
+
         # Spark's commit(end of N) serves the member while N+1 is in flight.
-        wait_for(lambda: (reader.commit(query.start) or True) and other is not None
-                 and bool(other.owned), 30, "a revocation during the batch")  # fmt: skip
+        def served() -> bool:
+            reader.commit(query.start)
+            return other is not None and bool(other.owned)
+
+        wait_for(served, 30, "a revocation during the batch")
         revoked = set(range(PARTS)) - {p for _, p in reader.owned}
         assert revoked
         assert (

@@ -152,8 +152,8 @@ def test_query_shares_the_group_with_a_plain_consumer(
                  60, "the second round read by both")  # fmt: skip
         assert {p for _, p, o in other.records} == other.owned
         other.close()
-        assigns = lambda: [e for e in events(log) if e["kind"] == "assign"]  # noqa: E731
-        wait_for(lambda: len(assigns()) >= 2, 30, "the partitions coming back")
+        wait_for(lambda: len([e for e in events(log) if e["kind"] == "assign"]) >= 2, 30,
+                 "the partitions coming back")  # fmt: skip
         produce(embedded_kafka, topic, PARTS, 50, "c")
         wait_for(lambda: len(set(memory_rows(spark, "src_share")) | set(other.records)) == 600,
                  60, "the third round")  # fmt: skip
