@@ -287,6 +287,8 @@ class _MemberLoop:
                 ):
                     self._flush()
                     self._commit(None, asynchronous=True)
+                    if self.s.max_records is not None:
+                        last_check = 0.0  # check the record budget after every batch
             self._flush()
             self._commit(None, asynchronous=False)
         finally:
@@ -303,8 +305,10 @@ class _MemberLoop:
         if self.s.stop_after_s is not None and elapsed >= self.s.stop_after_s:
             return "stop_after_s"
         if self.s.max_records is not None:
-            total = 0
+            total = self.report.records  # plus the others' last published counts
             for path in self.dir.glob("member-*.json"):
+                if path.name == f"member-{self.index}.json":
+                    continue
                 try:
                     total += int(json.loads(path.read_text())["records"])
                 except (OSError, ValueError, KeyError):

@@ -141,3 +141,27 @@ def test_two_members_and_a_third_consumer(
     assert committed(embedded_kafka, group, topic, PARTS) == high_watermarks(
         embedded_kafka, topic, PARTS
     )
+
+
+def test_members_stop_after_max_records_or_a_duration(
+    spark: Any, embedded_kafka: EmbeddedKafka, tmp_path: Path
+) -> None:
+    from spark_integration import run_group_members
+
+    topic, group = "m-stop", "m-stop-g"
+    embedded_kafka.create_topic(topic, partitions=2)
+    produce(embedded_kafka, topic, 2, 150, "a")
+    config = {"bootstrap.servers": embedded_kafka.bootstrap_servers, "group.id": group,
+              "auto.offset.reset": "earliest"}  # fmt: skip
+    job = run_group_members(spark, config, [topic], lambda batch: None, members=1,
+                            max_records=100, batch_size=40, control_dir=tmp_path / "a")  # fmt: skip
+    (report,) = job.wait(timeout=60)
+    assert report.stopped_by == "max_records"
+    assert 100 <= report.records < 300 and report.commits >= 1
+    # What it processed is exactly what it committed before leaving.
+    assert sum(committed(embedded_kafka, group, topic, 2).values()) == report.records
+    job = run_group_members(spark, config, [topic], lambda batch: None, members=1,
+                            stop_after_s=2.0, control_dir=tmp_path / "b")  # fmt: skip
+    (report,) = job.wait(timeout=60)
+    assert report.stopped_by == "stop_after_s"
+    assert committed(embedded_kafka, group, topic, 2) == {0: 150, 1: 150}
