@@ -287,3 +287,28 @@ def test_stopped_query_leaves_the_group(
         wait_for(lambda: "left" in [e["kind"] for e in events(log)], 10, "the 'left' event")
     finally:
         other.close()
+
+
+def test_the_pickled_reader_carries_no_member(embedded_kafka: EmbeddedKafka) -> None:
+    """Spark pickles a second reader to executors: it must hold options and an id only."""
+    import pickle
+
+    from spark_integration import driver
+    from spark_integration.source import Kip848DataSource
+
+    topic = "src-pickle"
+    embedded_kafka.create_topic(topic, partitions=2)
+    source = Kip848DataSource({"kafka.bootstrap.servers": embedded_kafka.bootstrap_servers,
+                               "group.id": "src-pickle-g", "subscribe": topic})  # fmt: skip
+    reader = source.streamReader(source.schema())
+    assert reader.reader_id not in driver._registry  # nothing happens in __init__
+    initial = reader.initialOffset()  # creates and joins the member, in this process
+    assert set(initial) == {topic, "@meta"}
+    try:
+        clone = pickle.loads(pickle.dumps(reader))
+        assert vars(clone) == {"options": reader.options, "reader_id": reader.reader_id}
+        member = driver._registry[reader.reader_id].member
+        assert member is not None and member.member_epoch > 0
+    finally:
+        reader.stop()
+    assert reader.reader_id not in driver._registry
