@@ -265,6 +265,7 @@ def render(
     wall_s: float,
     budget_s: float,
     loads: tuple[tuple[float, float, float], tuple[float, float, float]],
+    goal_runs: dict[tuple[str, str, str, int, int, int], list[Result]],
 ) -> str:
     command = "python -m bench.assignors" + (" --quick" if quick else "")
     lines = [
@@ -293,9 +294,31 @@ def render(
         f"- Cases: {len(results)}, wall time {wall_s:.0f} s",
         "",
     ]
+    if goal_runs:
+        total_runs = max(map(len, goal_runs.values()))
+        lines += [
+            "## Goal cases",
+            "",
+            f"Each goal case is run {total_runs} times in all, each time in a fresh interpreter,",
+            "to show how much the figures move on this machine: *median* is the median of the",
+            "per-run medians, *range* their minimum and maximum.",
+            "",
+            "| case | median ms/op | range | median cpu | Java | ratio | ratio range |",
+            "|---|---:|---:|---:|---:|---:|---:|",
+        ]
+        for key, runs in goal_runs.items():
+            java = JAVA_MS[key]
+            ms = sorted(r.ms for r in runs)
+            mid = statistics.median(ms)
+            cpu = statistics.median(r.cpu for r in runs)
+            lines.append(
+                f"| {_label(runs[0].case)} | {_fmt_ms(mid)} | {_fmt_ms(ms[0])}-{_fmt_ms(ms[-1])} |"
+                f" {_fmt_ms(cpu)} | {java:g} | {mid / java:.2f}x |"
+                f" {ms[0] / java:.2f}-{ms[-1] / java:.2f}x |"
+            )
+        lines.append("")
     compared = [r for r in results if r.case.key in JAVA_MS]
-    goal = [r for r in compared if r.case.key in GOALS]
-    for title, rows in (("Goal cases", goal), ("Cases with a published Java figure", compared)):
+    for title, rows in (("Cases with a published Java figure", compared),):
         if not rows:
             continue
         lines += [
@@ -386,10 +409,18 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="run every case in this interpreter instead of a fresh one per case",
     )
+    parser.add_argument(
+        "--goal-repeats",
+        type=int,
+        default=None,
+        help="extra independent runs of each goal case (default 6, or 0 with --quick)",
+    )
     parser.add_argument("--run-case", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     budget: float = args.budget if args.budget is not None else (0.05 if args.quick else 0.3)
 
+    if args.goal_repeats is None:
+        args.goal_repeats = 0 if args.quick else 6
     if args.run_case:
         result = run_case(_parse_case(args.run_case), budget, args.max_runs)
         print(json.dumps(dataclasses.asdict(result) | {"case": None}))
@@ -412,10 +443,20 @@ def main(argv: list[str] | None = None) -> int:
             f" {_fmt_ms(result.cpu):>9} {result.runs:>5} {extra}",
             flush=True,
         )
+    goal_runs: dict[tuple[str, str, str, int, int, int], list[Result]] = {}
+    for result in results:
+        if result.case.key in GOALS and args.goal_repeats > 0:
+            runs = [result]
+            for _ in range(args.goal_repeats):
+                runs.append(run(result.case, budget, args.max_runs))
+            goal_runs[result.case.key] = runs
+            print(f"{_label(result.case)}: " + " ".join(_fmt_ms(r.ms) for r in runs), flush=True)
     wall = time.perf_counter() - started
     args.out.parent.mkdir(parents=True, exist_ok=True)
     loads = (load_before, os.getloadavg())
-    args.out.write_text(render(results, args.quick, wall, budget, loads), encoding="utf-8")
+    args.out.write_text(
+        render(results, args.quick, wall, budget, loads, goal_runs), encoding="utf-8"
+    )
     print(f"wrote {args.out} ({len(results)} cases, {wall:.0f} s)")
     return 0
 
