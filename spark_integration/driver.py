@@ -71,6 +71,23 @@ def _parts(tps: Iterable[TopicPartition]) -> list[Partition]:
     return sorted((tp.topic, tp.partition) for tp in tps)
 
 
+def _committed(member: Any, parts: Iterable[Partition], attempts: int = 3) -> dict[Partition, int]:
+    """The group's committed offsets (absent where none), retrying transient failures."""
+    for attempt in range(1, attempts + 1):
+        try:
+            return {
+                (tp.topic, tp.partition): tp.offset
+                for tp in member.committed(_tps(parts), timeout=10.0)
+                if tp.offset >= 0
+            }
+        except KafkaException as exc:
+            if attempt == attempts or exc.args[0].fatal():
+                raise
+            log.warning("kip848: fetching committed offsets failed (%s); retrying", exc)
+            time.sleep(0.2 * attempt)
+    raise AssertionError("unreachable")
+
+
 class GroupReader:
     """The query's ``GroupMember`` plus the offset bookkeeping of the source.
 
@@ -165,10 +182,7 @@ class GroupReader:
         parts = _parts(tps)
         if not parts:
             return
-        committed: dict[Partition, int] = {}
-        for tp in member.committed(_tps(parts), timeout=10.0):
-            if tp.offset >= 0:
-                committed[(tp.topic, tp.partition)] = tp.offset
+        committed = _committed(member, parts)
         fresh = [p for p in parts if p not in committed and p not in self._hints]
         starting = self._starting_offsets(fresh)
         for p in parts:
@@ -304,11 +318,7 @@ class GroupReader:
             # Not ours now (replay after a restart, or revoked in flight): skip what the group
             # already committed past this range's start (another member's progress).
             member = self._ensure_member(wait=False)
-            committed = {
-                (tp.topic, tp.partition): tp.offset
-                for tp in member.committed(_tps({r.tp for r in check}), timeout=10.0)
-                if tp.offset >= 0
-            }
+            committed = _committed(member, {r.tp for r in check})
             adjusted = []
             for r in ranges:
                 c = committed.get(r.tp, -1)

@@ -299,3 +299,21 @@ def test_offsets_missing_from_the_log_fail_or_restart_at_earliest(
         assert end.starts == {(topic, 0): 0} and end.positions == {(topic, 0): 10}
     finally:
         lenient.close()
+
+
+def test_assignment_survives_a_transient_offset_fetch_error(embedded_kafka: EmbeddedKafka) -> None:
+    topic, group = "gr-fetcherr", "gr-fetcherr-g"
+    embedded_kafka.create_topic(topic, partitions=2)
+    produce(embedded_kafka, topic, 2, 10, "a")
+    first = GroupReader(options(embedded_kafka, group, topic))
+    query = FakeQuery(first)
+    query.drain()
+    first.close()
+    embedded_kafka.push_request_errors(9, [14])  # OffsetFetch: COORDINATOR_LOAD_IN_PROGRESS
+    second = GroupReader(options(embedded_kafka, group, topic))
+    try:
+        initial = SourceOffset.from_json(second.initial_offset())
+        assert {p: o for (_, p), o in initial.positions.items()} == {0: 10, 1: 10}
+    finally:
+        embedded_kafka.clear_request_errors(9)
+        second.close()
