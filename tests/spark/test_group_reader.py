@@ -317,3 +317,24 @@ def test_assignment_survives_a_transient_offset_fetch_error(embedded_kafka: Embe
     finally:
         embedded_kafka.clear_request_errors(9)
         second.close()
+
+
+def test_available_now_stops_at_the_snapshot_and_min_rows_waits(
+    embedded_kafka: EmbeddedKafka,
+) -> None:
+    topic, group = "gr-avail", "gr-avail-g"
+    embedded_kafka.create_topic(topic, partitions=2)
+    produce(embedded_kafka, topic, 2, 20, "a")
+    reader = GroupReader(options(embedded_kafka, group, topic))
+    try:
+        start = reader.initial_offset()
+        # ReadMinRows: 40 records are not enough for a batch of 100.
+        assert json.dumps(reader.latest_offset(start, min_rows=100)) == json.dumps(start)
+        reader.prepare_for_trigger_available_now()
+        produce(embedded_kafka, topic, 2, 20, "late")  # after the snapshot: not in this run
+        query = FakeQuery(reader, start=start, max_rows=15)
+        query.drain()
+        assert query.positions() == {0: 20, 1: 20} and query.batches == 3
+        assert len(query.sink) == 40
+    finally:
+        reader.close()
