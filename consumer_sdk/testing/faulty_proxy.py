@@ -191,6 +191,8 @@ class FaultyProxy:
     def close(self) -> None:
         self._closed = True
         with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)  # wakes the blocked accept()
+        with contextlib.suppress(OSError):
             self._listener.close()
         with self._lock:
             socks = list(self._sockets)
