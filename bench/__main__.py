@@ -139,6 +139,7 @@ def main(argv: list[str] | None = None) -> int:
             spark = {"error": f"{type(exc).__name__}: {exc}"}
     images = _plot(conv, thr)
     wall = time.monotonic() - started
+    load = os.getloadavg()
 
     lines = [
         "# Benchmarks",
@@ -146,7 +147,8 @@ def main(argv: list[str] | None = None) -> int:
         f"<!-- written by `python -m bench{' --quick' if args.quick else ''}`; do not edit -->",
         "",
         f"Run {datetime.date.today().isoformat()} on {_machine()}; {_versions()}. "
-        f"Whole run: {wall / 60:.1f} min{' (quick variant)' if args.quick else ''}.",
+        f"Whole run: {wall / 60:.1f} min{' (quick variant)' if args.quick else ''}; load "
+        f"average at the end {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} (1/5/15 min).",
         "",
         "These machines are shared and noisy: read the **ratios**, each measured within one run.",
         "",
@@ -196,6 +198,15 @@ def main(argv: list[str] | None = None) -> int:
         lines.append(f"| {row['members']} | {row['stable']} | {row['heartbeats_per_s']:.0f} | "
                      f"{row['cpu_core_fraction'] * 100:.1f}% | "
                      f"{row['cpu_us_per_heartbeat']:.0f} µs |")  # fmt: skip
+    lines += [
+        "",
+        "Each `GroupMember` runs its own background thread and connections. Up to a few hundred",
+        "members per process this costs a few hundred µs of CPU per heartbeat; a row whose",
+        "`stable` count is below `members` means this process could not keep that many members",
+        "in the group at this interval (heartbeats time out under GIL contention and the",
+        "retries multiply the traffic). Hosting 1,000 members in one process within 20% of a",
+        "core needs a shared network thread for many members, which this release does not have.",
+    ]
     if assign_rows:
         lines += [
             "",

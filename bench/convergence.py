@@ -9,6 +9,7 @@ members' own callbacks on one monotonic clock.
 from __future__ import annotations
 
 import json
+import random
 import os
 import signal
 import statistics
@@ -117,10 +118,20 @@ class Group:
 
 
 def run_scenarios(
-    kind: str, kafka: Any, members: int, partitions: int, settle: float = 1.5
+    kind: str, kafka: Any, members: int, partitions: int, seed: int
 ) -> dict[str, float]:
-    """Scale-out 1 -> N, a crash (SIGKILL) of one member, scale-in N-1 -> 1; each step starts
-    ``settle`` seconds after the previous one converged, so no heartbeat is already due."""
+    """Scale-out 1 -> N, a crash (SIGKILL) of one member, scale-in N-1 -> 1.
+
+    Each step starts 1.5-2.0 s (seeded, the same sequence for both clients) after the
+    previous one converged: a fixed pause that is a multiple of the heartbeat interval would
+    start every step at the same phase of the members' heartbeat timers and measure that
+    phase rather than the client.
+    """
+    rng = random.Random(seed)
+
+    def settle() -> None:
+        time.sleep(1.5 + rng.uniform(0.0, 0.5))
+
     topic = f"conv-{kind}-{uuid.uuid4().hex[:6]}"
     kafka.create_topic(topic, partitions=partitions)
     g = Group(kind, kafka.bootstrap_servers, topic, partitions)
@@ -128,14 +139,14 @@ def run_scenarios(
         first = g.spawn(1)
         g.wait_ready(first)
         g.wait_converged()
-        time.sleep(settle)
+        settle()
         new = g.spawn(members - 1)
         t0 = g.wait_ready(new)
         scale_out = g.wait_converged() - t0
-        time.sleep(settle)
+        settle()
         t0 = g.crash(g.procs[-1])
         crash = g.wait_converged() - t0
-        time.sleep(settle)
+        settle()
         leaving = [p for p in g.procs if p.alive][1:]
         t0 = g.stop(leaving)
         scale_in = g.wait_converged() - t0
@@ -147,12 +158,13 @@ def run_scenarios(
 def run(quick: bool = False) -> dict[str, Any]:
     from consumer_sdk.testing import EmbeddedKafka
 
-    members, partitions, repeats = (3, 6, 1) if quick else (5, 20, 3)
+    members, partitions, repeats = (3, 6, 2) if quick else (5, 20, 5)
     results: dict[str, dict[str, list[float]]] = {"sdk": {}, "confluent": {}}
     with EmbeddedKafka(brokers=3, heartbeat_interval_ms=500, session_timeout_ms=3000) as kafka:
-        for _ in range(repeats):
+        for repeat in range(repeats):
             for kind in ("sdk", "confluent"):
-                for name, value in run_scenarios(kind, kafka, members, partitions).items():
+                scenario = run_scenarios(kind, kafka, members, partitions, seed=repeat)
+                for name, value in scenario.items():
                     results[kind].setdefault(name, []).append(value)
     summary: dict[str, Any] = {"members": members, "partitions": partitions,
                                "heartbeat_interval_ms": 500, "session_timeout_ms": 3000,
