@@ -9,8 +9,8 @@ members' own callbacks on one monotonic clock.
 from __future__ import annotations
 
 import json
-import random
 import os
+import random
 import signal
 import statistics
 import subprocess
