@@ -190,7 +190,7 @@ class ConsumerConfig(BaseModel):
             elif key in known:
                 model_keys[key] = value
             else:
-                candidates = sorted(known | FETCHER_KEYS | _CONNECTION_KEYS | _CALLBACK_KEYS)
+                candidates = sorted(KNOWN_KEYS)
                 close = difflib.get_close_matches(key, candidates, n=1)
                 hint = f" (did you mean {close[0]!r}?)" if close else ""
                 raise ConfigError(f"{key}: unknown configuration property{hint}")
@@ -232,6 +232,16 @@ class ConsumerConfig(BaseModel):
         )
         conf.update(self.callbacks)  # error_cb, stats_cb, logger, throttle_cb: librdkafka's own
         return conf
+
+
+#: Every key ``ConsumerConfig.from_mapping`` accepts (hosts that pass options through, such
+#: as the Spark source, use it to route keys).
+KNOWN_KEYS: frozenset[str] = frozenset(
+    {f.alias for f in ConsumerConfig.model_fields.values() if f.alias}
+    | FETCHER_KEYS
+    | _CONNECTION_KEYS
+    | _CALLBACK_KEYS
+)
 
 
 def _describe(exc: ValidationError, model: type[BaseModel]) -> str:

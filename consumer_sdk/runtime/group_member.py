@@ -443,12 +443,14 @@ class GroupMember:
         message: Message | None = None,
         offsets: Sequence[TopicPartition] | None = None,
         asynchronous: bool = True,
+        timeout: float | None = None,
     ) -> list[TopicPartition] | None:
         """Commit ``message`` (its offset + 1), explicit ``offsets``, or everything consumed.
 
         Offsets carry this member's id and epoch (OffsetCommit v9). A synchronous commit
         raises ``KafkaException`` on failure (e.g. STALE_MEMBER_EPOCH, UNKNOWN_MEMBER_ID);
-        an asynchronous one logs failures.
+        an asynchronous one logs failures. A synchronous commit retries retriable errors for
+        up to ``timeout`` seconds (default ``socket.timeout.ms``).
         """
         self._ensure_usable()
         if message is not None and offsets is not None:
@@ -476,9 +478,10 @@ class GroupMember:
             self._async_commits.append((todo, time.monotonic()))
             self._wake()
             return None
+        if timeout is None:
+            timeout = self._config.connection.socket_timeout_ms / 1000
         committed = self._commit_with_retries(
-            todo, time.monotonic() + self._config.connection.socket_timeout_ms / 1000,
-            retry_stale=False,
+            todo, time.monotonic() + max(timeout, 0.0), retry_stale=False
         )  # fmt: skip
         return [TopicPartition(t, p, o) for (t, p), o in sorted(committed.items())]
 

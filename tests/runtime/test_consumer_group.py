@@ -370,3 +370,21 @@ def test_log_lines_carry_the_reference_prefix(
         assert any(line.startswith(prefix) and "to STABLE" in line for line in lines), lines
     finally:
         c.close()
+
+
+def test_sync_commit_timeout_bounds_retries(embedded_kafka: EmbeddedKafka) -> None:
+    topic, group = "rt-commit-timeout", "rt-commit-timeout-g"
+    embedded_kafka.create_topic(topic, partitions=1)
+    embedded_kafka.produce(topic, [b"x"])
+    c = Consumer(config(embedded_kafka, group, enable_auto_commit=False))
+    try:
+        c.subscribe([topic])
+        msg = wait_for(lambda: c.poll(0.2), what="a record")
+        embedded_kafka.push_request_errors(8, [14] * 50)  # COORDINATOR_LOAD_IN_PROGRESS
+        started = time.monotonic()
+        with pytest.raises(KafkaException, match="COORDINATOR_LOAD_IN_PROGRESS"):
+            c.commit(msg, asynchronous=False, timeout=0.5)
+        assert time.monotonic() - started < 2.0
+    finally:
+        embedded_kafka.clear_request_errors(8)
+        c.close()
