@@ -7,7 +7,6 @@ announce an oversized length, or drop the connection. Faults can target one API 
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import random
 import socket
@@ -16,6 +15,8 @@ import threading
 from collections import deque
 from dataclasses import dataclass
 from typing import Literal
+
+from consumer_sdk.testing._proxy import ProxyBase, recv_exact
 
 __all__ = ["FaultKind", "FaultyProxy"]
 
@@ -32,35 +33,17 @@ class _Fault:
     remaining: int
 
 
-def _recv_exact(sock: socket.socket, n: int) -> bytes | None:
-    data = bytearray()
-    while len(data) < n:
-        chunk = sock.recv(n - len(data))
-        if not chunk:
-            return None
-        data += chunk
-    return bytes(data)
-
-
-class FaultyProxy:
+class FaultyProxy(ProxyBase):
     """``with FaultyProxy("127.0.0.1", port) as proxy: proxy.address ...``"""
 
     def __init__(self, upstream_host: str, upstream_port: int, *, seed: int = 0) -> None:
+        super().__init__("127.0.0.1", "faulty-proxy")
         self.upstream = (upstream_host, upstream_port)
-        self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._listener.bind(("127.0.0.1", 0))
-        self._listener.listen(16)
-        self.port: int = self._listener.getsockname()[1]
-        self._lock = threading.Lock()
         self._faults: deque[_Fault] = deque()
-        self._sockets: set[socket.socket] = set()
-        self._closed = False
         self._rng = random.Random(seed)
         self.injected: list[tuple[FaultKind, int]] = []
         self.connections_accepted = 0
-        self._thread = threading.Thread(target=self._accept_loop, name="faulty-proxy", daemon=True)
-        self._thread.start()
+        self._start()
 
     @property
     def address(self) -> str:
@@ -90,29 +73,24 @@ class FaultyProxy:
                     return fault.kind
         return None
 
-    def _accept_loop(self) -> None:
-        while not self._closed:
-            try:
-                client, _ = self._listener.accept()
-            except OSError:
-                return
-            try:
-                upstream = socket.create_connection(self.upstream, timeout=5)
-                upstream.settimeout(None)
-            except OSError:
-                client.close()
-                continue
-            with self._lock:
-                self.connections_accepted += 1
-                self._sockets.update((client, upstream))
-            pending: deque[int] = deque()
-            cond = threading.Condition()
-            threading.Thread(
-                target=self._pump_requests, args=(client, upstream, pending, cond), daemon=True
-            ).start()
-            threading.Thread(
-                target=self._pump_responses, args=(client, upstream, pending, cond), daemon=True
-            ).start()
+    def _on_accept(self, client: socket.socket) -> None:
+        try:
+            upstream = socket.create_connection(self.upstream, timeout=5)
+            upstream.settimeout(None)
+        except OSError:
+            client.close()
+            return
+        with self._lock:
+            self.connections_accepted += 1
+        self._track(client, upstream)
+        pending: deque[int] = deque()
+        cond = threading.Condition()
+        threading.Thread(
+            target=self._pump_requests, args=(client, upstream, pending, cond), daemon=True
+        ).start()
+        threading.Thread(
+            target=self._pump_responses, args=(client, upstream, pending, cond), daemon=True
+        ).start()
 
     def _pump_requests(
         self, client: socket.socket, upstream: socket.socket, pending: deque[int],
@@ -120,11 +98,11 @@ class FaultyProxy:
     ) -> None:  # fmt: skip
         try:
             while True:
-                prefix = _recv_exact(client, 4)
+                prefix = recv_exact(client, 4)
                 if prefix is None:
                     break
                 (length,) = struct.unpack(">i", prefix)
-                body = _recv_exact(client, length) if length > 0 else b""
+                body = recv_exact(client, length) if length > 0 else b""
                 if body is None:
                     break
                 api_key = struct.unpack_from(">h", body, 0)[0] if len(body) >= 2 else -1
@@ -143,11 +121,11 @@ class FaultyProxy:
     ) -> None:  # fmt: skip
         try:
             while True:
-                prefix = _recv_exact(upstream, 4)
+                prefix = recv_exact(upstream, 4)
                 if prefix is None:
                     break
                 (length,) = struct.unpack(">i", prefix)
-                body = _recv_exact(upstream, length)
+                body = recv_exact(upstream, length)
                 if body is None:
                     break
                 with cond:
@@ -179,28 +157,5 @@ class FaultyProxy:
         finally:
             self._close_pair(client, upstream)
 
-    def _close_pair(self, *socks: socket.socket) -> None:
-        for s in socks:
-            with contextlib.suppress(OSError):
-                s.shutdown(socket.SHUT_RDWR)
-            with contextlib.suppress(OSError):
-                s.close()
-            with self._lock:
-                self._sockets.discard(s)
-
-    def close(self) -> None:
-        self._closed = True
-        with contextlib.suppress(OSError):
-            self._listener.shutdown(socket.SHUT_RDWR)  # wakes the blocked accept()
-        with contextlib.suppress(OSError):
-            self._listener.close()
-        with self._lock:
-            socks = list(self._sockets)
-        self._close_pair(*socks)
-        self._thread.join(timeout=2)
-
     def __enter__(self) -> FaultyProxy:
         return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

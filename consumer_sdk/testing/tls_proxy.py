@@ -15,7 +15,6 @@ names with the ``openssl`` command line tool.
 from __future__ import annotations
 
 import base64
-import contextlib
 import dataclasses
 import datetime
 import hashlib
@@ -36,6 +35,8 @@ from typing import Any
 
 from kio.serial import entity_reader, entity_writer
 from kio.static.primitive import i16, i32, i64Timedelta
+
+from consumer_sdk.testing._proxy import ProxyBase, recv_exact
 
 __all__ = ["Certificates", "TlsProxy", "make_certificates"]
 
@@ -144,24 +145,14 @@ def _encode_response(response: Any, correlation_id: int) -> bytes:
     return struct.pack(">i", len(data)) + data
 
 
-def _recv_exact(sock: socket.socket, n: int) -> bytes | None:
-    data = bytearray()
-    while len(data) < n:
-        chunk = sock.recv(n - len(data))
-        if not chunk:
-            return None
-        data += chunk
-    return bytes(data)
-
-
 def _read_frame(sock: socket.socket) -> bytes | None:
-    prefix = _recv_exact(sock, 4)
+    prefix = recv_exact(sock, 4)
     if prefix is None:
         return None
     (length,) = struct.unpack(">i", prefix)
     if length < 0 or length > 100 * 1024 * 1024:
         return None
-    return _recv_exact(sock, length)
+    return recv_exact(sock, length)
 
 
 # -- SASL server side ---------------------------------------------------------------------------
@@ -273,7 +264,7 @@ class _SaslSession:
 # -- the proxy ------------------------------------------------------------------------------
 
 
-class TlsProxy:
+class TlsProxy(ProxyBase):
     """``TlsProxy(("127.0.0.1", broker_port), certs=..., sasl_users={"alice": "pw"})``.
 
     Listens on ``host`` (default 127.0.0.1). With ``certs`` it terminates TLS; with
@@ -293,9 +284,8 @@ class TlsProxy:
         host: str = "127.0.0.1",
         advertised_host: str | None = None,
     ) -> None:
+        super().__init__(host, "tls-proxy")
         self.upstream = upstream
-        self._listener = socket.create_server((host, 0))
-        self.port: int = self._listener.getsockname()[1]
         self.host = advertised_host or host
         self.advertise: MutableMapping[Address, Address] = (
             advertise if advertise is not None else {}
@@ -307,28 +297,19 @@ class TlsProxy:
             self._ssl.load_cert_chain(str(certs.cert), str(certs.key))
         self._users = dict(sasl_users) if sasl_users is not None else None
         self._mechanisms = tuple(mechanisms)
-        self._lock = threading.Lock()
-        self._sockets: set[socket.socket] = set()
-        self._closed = False
         self.connections = 0
         self.handshake_failures: list[str] = []
         self.authenticated: list[tuple[str, str]] = []  # (mechanism, user)
         self.auth_failures: list[tuple[str, str]] = []
         self.rewritten = 0
-        self._thread = threading.Thread(target=self._accept_loop, name="tls-proxy", daemon=True)
-        self._thread.start()
+        self._start()
 
     @property
     def address(self) -> str:
         return f"{self.host}:{self.port}"
 
-    def _accept_loop(self) -> None:
-        while not self._closed:
-            try:
-                client, _ = self._listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
+    def _on_accept(self, client: socket.socket) -> None:
+        threading.Thread(target=self._serve, args=(client,), daemon=True).start()
 
     def _serve(self, raw: socket.socket) -> None:
         client: socket.socket = raw
@@ -348,7 +329,7 @@ class TlsProxy:
             upstream.settimeout(None)
             with self._lock:
                 self.connections += 1
-                self._sockets.update((client, upstream))
+            self._track(client, upstream)
             pending: dict[int, tuple[int, int]] = {}
             write_lock = threading.Lock()
             threading.Thread(
@@ -485,31 +466,8 @@ class TlsProxy:
             self.rewritten += 1
         return _encode_response(response, cid)
 
-    def _close_pair(self, *socks: socket.socket) -> None:
-        for s in socks:
-            with contextlib.suppress(OSError):
-                s.shutdown(socket.SHUT_RDWR)
-            with contextlib.suppress(OSError):
-                s.close()
-            with self._lock:
-                self._sockets.discard(s)
-
-    def close(self) -> None:
-        self._closed = True
-        with contextlib.suppress(OSError):
-            self._listener.shutdown(socket.SHUT_RDWR)  # wakes the blocked accept()
-        with contextlib.suppress(OSError):
-            self._listener.close()
-        with self._lock:
-            socks = list(self._sockets)
-        self._close_pair(*socks)
-        self._thread.join(timeout=2)
-
     def __enter__(self) -> TlsProxy:
         return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 def _plain_user(auth_bytes: bytes) -> str:
