@@ -244,6 +244,36 @@ def run_case_forked(case: Case, budget_s: float, max_runs: int) -> Result:
     return Result(case, data["ms"], data["best"], data["cpu"], data["runs"])
 
 
+def _cpu_busy(interval: float = 0.5) -> float | None:
+    """CPUs kept busy by other processes over ``interval`` (from /proc/stat; Linux)."""
+    try:
+        with open("/proc/stat", encoding="ascii") as f:
+            first = [int(x) for x in f.readline().split()[1:]]
+        time.sleep(interval)
+        with open("/proc/stat", encoding="ascii") as f:
+            second = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    delta = [b - a for a, b in zip(first, second, strict=False)]
+    total = sum(delta)
+    idle = delta[3] + (delta[4] if len(delta) > 4 else 0)  # idle + iowait
+    return (total - idle) / total * (os.cpu_count() or 1) if total else 0.0
+
+
+def wait_until_idle(max_wait: float, threshold: float = 0.3) -> bool:
+    """Wait up to ``max_wait`` seconds until other processes use under ``threshold`` CPUs.
+
+    Returns whether the machine was idle when the wait ended.
+    """
+    deadline = time.monotonic() + max_wait
+    while True:
+        busy = _cpu_busy()
+        if busy is None or busy < threshold:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+
+
 def _parse_case(spec: str) -> Case:
     assignor, subscription, assignment, members, ratio, topics = spec.split("/")
     return Case(assignor, subscription, assignment, int(members), int(ratio), int(topics))
@@ -266,6 +296,7 @@ def render(
     budget_s: float,
     loads: tuple[tuple[float, float, float], tuple[float, float, float]],
     goal_runs: dict[tuple[str, str, str, int, int, int], list[Result]],
+    idle: tuple[float, int] = (0.0, 0),
 ) -> str:
     command = "python -m bench.assignors" + (" --quick" if quick else "")
     lines = [
@@ -292,6 +323,13 @@ def render(
         f" ({platform.system()} {platform.release()})",
         f"- Load average (1/5/15 min) before: {_fmt_load(loads[0])}, after: {_fmt_load(loads[1])}",
         f"- Cases: {len(results)}, wall time {wall_s:.0f} s",
+    ]
+    if idle[0] > 0:
+        lines.append(
+            f"- Before each run the benchmark waited (up to {idle[0]:g} s) for other processes"
+            f" to use under 0.3 CPUs; {idle[1]} runs started on a busier machine."
+        )
+    lines += [
         "",
     ]
     if goal_runs:
@@ -415,6 +453,13 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="extra independent runs of each goal case (default 6, or 0 with --quick)",
     )
+    parser.add_argument(
+        "--idle-wait",
+        type=float,
+        default=0.0,
+        help="before each case, wait up to this many seconds for other processes to go"
+        " quiet (for shared machines; default 0: do not wait)",
+    )
     parser.add_argument("--run-case", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     budget: float = args.budget if args.budget is not None else (0.05 if args.quick else 0.3)
@@ -433,7 +478,10 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     load_before = os.getloadavg()
     print(f"{'case':<52} {'ms/op':>9} {'best':>9} {'cpu':>9} {'runs':>5} {'java':>8} {'ratio':>7}")
+    busy_starts = 0
     for case in selected:
+        if args.idle_wait > 0 and not wait_until_idle(args.idle_wait):
+            busy_starts += 1
         result = run(case, budget, args.max_runs)
         results.append(result)
         java = JAVA_MS.get(case.key)
@@ -448,6 +496,8 @@ def main(argv: list[str] | None = None) -> int:
         if result.case.key in GOALS and args.goal_repeats > 0:
             runs = [result]
             for _ in range(args.goal_repeats):
+                if args.idle_wait > 0 and not wait_until_idle(args.idle_wait):
+                    busy_starts += 1
                 runs.append(run(result.case, budget, args.max_runs))
             goal_runs[result.case.key] = runs
             print(f"{_label(result.case)}: " + " ".join(_fmt_ms(r.ms) for r in runs), flush=True)
@@ -455,7 +505,8 @@ def main(argv: list[str] | None = None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     loads = (load_before, os.getloadavg())
     args.out.write_text(
-        render(results, args.quick, wall, budget, loads, goal_runs), encoding="utf-8"
+        render(results, args.quick, wall, budget, loads, goal_runs, (args.idle_wait, busy_starts)),
+        encoding="utf-8",
     )
     print(f"wrote {args.out} ({len(results)} cases, {wall:.0f} s)")
     return 0
