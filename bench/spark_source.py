@@ -24,8 +24,6 @@ Absolute numbers on shared machines are noise; the ratios within one run are the
 from __future__ import annotations
 
 import argparse
-import os
-import shutil
 import statistics
 import sys
 import tempfile
@@ -38,26 +36,9 @@ VALUE = b"x" * 100
 
 
 def _spark() -> Any:
-    java = shutil.which("java")
-    if java is not None:
-        os.environ.setdefault("JAVA_HOME", str(Path(os.path.realpath(java)).parent.parent))
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    from pyspark.sql import SparkSession
+    from spark_integration.session import local_session
 
-    import spark_integration
-
-    spark = (
-        SparkSession.builder.master("local[4]")
-        .appName("bench-spark-source")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
-    spark_integration.register(spark)
-    return spark
+    return local_session("bench-spark-source", "local[4]")
 
 
 def _produce(bootstrap: str, topic: str, records: int) -> None:

@@ -13,8 +13,6 @@ again with the same checkpoint reads only new records. Needs Java 17 and
 
 from __future__ import annotations
 
-import os
-import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -26,24 +24,10 @@ TOPIC, GROUP = "orders", "orders-etl"
 
 
 def spark_session() -> Any:
-    """A small local SparkSession (JAVA_HOME from the default ``java`` if unset)."""
-    java = shutil.which("java")
-    if java is not None:
-        os.environ.setdefault("JAVA_HOME", str(Path(os.path.realpath(java)).parent.parent))
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    from pyspark.sql import SparkSession
+    """A small local SparkSession with the kip848 source registered."""
+    from spark_integration.session import local_session
 
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .appName("kip848-pipeline")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
-    return spark
+    return local_session("kip848-pipeline", "local[2]")
 
 
 def run(spark: Any, bootstrap: str, workdir: Path, max_per_trigger: int = 500) -> dict[str, Any]:
