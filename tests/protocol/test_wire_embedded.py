@@ -7,7 +7,7 @@ import itertools
 import socket
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import pytest
@@ -42,17 +42,6 @@ def join_request(group: str, member_id: str, topics: tuple[str, ...]) -> Heartbe
         subscribed_topic_regex="",
         topic_partitions=(),
     )
-
-
-def poll_until(condition: Callable[[], Any], timeout: float = 10.0, interval: float = 0.05) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        result = condition()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout}s")
-        time.sleep(interval)
 
 
 class Recorder:

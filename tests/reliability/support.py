@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from consumer_sdk import GroupMember, KafkaException, MemberState, TopicPartition
-from consumer_sdk.testing import EmbeddedKafka
+from consumer_sdk.testing import EmbeddedKafka, wait_until
 
 T = TypeVar("T")
 Partition = tuple[str, int]
@@ -24,14 +24,7 @@ FIND_COORDINATOR = 10
 
 def wait_for(condition: Callable[[], T], timeout: float = 15.0, what: str = "") -> T:
     """Poll ``condition`` every 20 ms until truthy (returned) or ``timeout`` (AssertionError)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what or condition}")
-        time.sleep(0.02)
+    return wait_until(condition, timeout, 0.02, what or str(condition))
 
 
 def config(kafka: EmbeddedKafka | str, group: str, **extra: Any) -> dict[str, Any]:

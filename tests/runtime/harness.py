@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from consumer_sdk import Consumer, KafkaException, TopicPartition
+from consumer_sdk.testing import wait_until
 
 Partition = tuple[str, int]
 
@@ -122,14 +123,7 @@ class Member:
 
 
 def wait_for(condition: Callable[[], Any], timeout: float = 20.0, what: str = "") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what or condition}")
-        time.sleep(0.05)
+    return wait_until(condition, timeout, 0.05, what or str(condition))
 
 
 def config(kafka: Any, group: str, **extra: Any) -> dict[str, Any]:
