@@ -186,7 +186,7 @@ class ClusterClient:
                     return conn
         errors: list[str] = []
         tls_failed = False
-        delay = max(self.settings.reconnect_backoff_ms, 1) / 1000
+        rounds = 0
         while True:
             for index, (host, port) in enumerate(self.bootstrap):
                 remaining = deadline - time.monotonic()
@@ -214,8 +214,8 @@ class ClusterClient:
                     f"could not connect to any bootstrap server ({servers}) within the timeout; "
                     f"last error: {last}"
                 )
-            time.sleep(min(delay, remaining))
-            delay = min(delay * 2, self.settings.reconnect_backoff_max_ms / 1000)
+            rounds += 1
+            time.sleep(min(self._backoff_delay(rounds), remaining))
 
     def send(
         self,

@@ -34,7 +34,6 @@ class Fetcher:
         self._assigned: set[Partition] = set()
         self._positions: dict[Partition, int] = {}
         self._last: dict[Partition, Message] = {}
-        self._paused: set[Partition] = set()
         self._closed = False
         self.reset = str(config.get("auto.offset.reset", "latest"))
 
@@ -71,7 +70,6 @@ class Fetcher:
             for p in gone:
                 self._assigned.discard(p)
                 self._fetchable.discard(p)
-                self._paused.discard(p)
                 self._positions.pop(p, None)
                 self._last.pop(p, None)
             if gone and not self._closed:
@@ -112,14 +110,12 @@ class Fetcher:
     def pause(self, partitions: Iterable[Partition]) -> None:
         with self._lock:
             tps = [TopicPartition(t, p) for t, p in partitions if (t, p) in self._assigned]
-            self._paused.update((tp.topic, tp.partition) for tp in tps)
             if tps:
                 self._consumer.pause(tps)
 
     def resume(self, partitions: Iterable[Partition]) -> None:
         with self._lock:
             tps = [TopicPartition(t, p) for t, p in partitions if (t, p) in self._assigned]
-            self._paused.difference_update((tp.topic, tp.partition) for tp in tps)
             if tps:
                 self._consumer.resume(tps)
 

@@ -121,7 +121,7 @@ class GroupMember:
         self._fatal: KafkaException | None = None
         self._leave_done = threading.Event()
         self._close_deadline: float | None = None
-        self._async_commits: deque[tuple[dict[Partition, OffsetAndMetadata], float]] = deque()
+        self._async_commits: deque[dict[Partition, OffsetAndMetadata]] = deque()
         self._last_poll_event = 0.0
         # Poll events of a stable member only reset the poll timer; posting one this often
         # keeps the timer far from expiry (it is processed within one heartbeat interval).
@@ -252,15 +252,9 @@ class GroupMember:
         raised by callbacks. A ``GroupMember`` has no data plane and always returns None.
         """
         self._ensure_usable()
-        deadline = time.monotonic() + (0.0 if timeout is None or timeout < 0 else timeout)
         self._post_poll()
-        while True:
-            self._dispatch_background_events()
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return None
-            self._await_background(min(remaining, _POLL_EVENT_INTERVAL_S))
-            self._post_poll()
+        self._run_until(lambda: False, 0.0 if timeout is None or timeout < 0 else timeout)
+        return None
 
     def _post_poll(self) -> None:
         """Tell the core the application is polling (resets the poll timer, lets revocations
@@ -475,7 +469,7 @@ class GroupMember:
         else:
             todo = self._consumed_offsets()
         if asynchronous:
-            self._async_commits.append((todo, time.monotonic()))
+            self._async_commits.append(todo)
             self._wake()
             return None
         if timeout is None:
@@ -709,14 +703,19 @@ class GroupMember:
         epoch = self.member_epoch
         return epoch if epoch > 0 else -1
 
+    def _commit_logging_failures(
+        self, offsets: dict[Partition, OffsetAndMetadata], what: str
+    ) -> None:
+        """Background-thread commit (async or auto): failures are logged, never raised."""
+        try:
+            self._offsets.commit(offsets, self.member_id, self._commit_epoch(),
+                                 self._request_timeout())  # fmt: skip
+        except Exception as exc:
+            log.warning("group %s: %s failed: %s", self.group_id, what, exc)
+
     def _run_async_commits(self) -> None:
         while self._async_commits:
-            offsets, _ = self._async_commits.popleft()
-            try:
-                self._offsets.commit(offsets, self.member_id, self._commit_epoch(),
-                                     self._request_timeout())  # fmt: skip
-            except Exception as exc:
-                log.warning("group %s: async commit failed: %s", self.group_id, exc)
+            self._commit_logging_failures(self._async_commits.popleft(), "async commit")
 
     def _auto_commit_wait(self) -> float:
         if not self._config.enable_auto_commit or self._config.auto_commit_interval_ms <= 0:
@@ -735,10 +734,5 @@ class GroupMember:
             return
         assigned = self._core.assigned_partitions
         offsets = {p: o for p, o in self._consumed_offsets().items() if p in assigned}
-        if not offsets:
-            return
-        try:
-            self._offsets.commit(offsets, self.member_id, self.member_epoch,
-                                 self._request_timeout())  # fmt: skip
-        except Exception as exc:
-            log.warning("group %s: auto-commit failed: %s", self.group_id, exc)
+        if offsets:
+            self._commit_logging_failures(offsets, "auto-commit")
