@@ -1,7 +1,7 @@
 """Consumer configuration: a pydantic model over librdkafka-style dotted keys.
 
 Unknown keys, wrong types and keys the KIP-848 protocol forbids fail at construction with
-one :class:`~consumer_sdk.errors.ConfigError` naming the key and the reason. Fetch-related
+one `ConfigError` naming the key and the reason. Fetch-related
 librdkafka keys pass through to the data plane's ``confluent_kafka.Consumer``.
 """
 
@@ -101,7 +101,7 @@ _OFFSET_RESET = {
 
 
 class ConsumerConfig(BaseModel):
-    """Validated consumer settings (construct with :meth:`from_mapping`)."""
+    """Validated consumer settings (construct with `from_mapping`)."""
 
     model_config = ConfigDict(
         frozen=True, extra="forbid", populate_by_name=True, arbitrary_types_allowed=True

@@ -1,6 +1,6 @@
 """Exceptions users already know: ``confluent_kafka.KafkaError`` codes inside ``KafkaException``.
 
-Every error the SDK raises is a :class:`KafkaException` (or a subclass) whose ``args[0]`` is a
+Every error the SDK raises is a `KafkaException` (or a subclass) whose ``args[0]`` is a
 ``KafkaError`` with the broker's code (e.g. ``KafkaError.FENCED_MEMBER_EPOCH``) or a local one
 (``_TRANSPORT``, ``_TIMED_OUT``, ``_BAD_MSG``, ...). Errors are mapped here, at the boundary.
 """

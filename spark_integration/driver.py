@@ -1,9 +1,9 @@
 """Driver side of the ``kip848`` source: one group member per query run, and its offsets.
 
-:class:`GroupReader` runs in the process that hosts the stream reader (pyspark's
+`GroupReader` runs in the process that hosts the stream reader (pyspark's
 ``python_streaming_source_runner``: one long-lived Python process per source per query
 run, next to the driver JVM). It is Spark-agnostic so it can be tested on its own; the
-``DataSourceStreamReader`` in :mod:`spark_integration.source` only delegates to it.
+``DataSourceStreamReader`` in `spark_integration.source` only delegates to it.
 
 Protocol (see docs/spark.md):
 

@@ -1,6 +1,6 @@
 """Executor members: N long-lived ``consumer_sdk.Consumer`` group members as Spark tasks.
 
-:func:`run_group_members` starts a barrier stage of N tasks (all scheduled together, or
+`run_group_members` starts a barrier stage of N tasks (all scheduled together, or
 none). Each task is one member of the group: it consumes, hands records to
 ``process_batch`` as a ``pyarrow.RecordBatch`` in the Kafka source schema, and commits
 what was processed. ``on_revoke`` processes what is buffered and commits synchronously
@@ -11,7 +11,7 @@ records. Delivery is at-least-once: make ``process_batch`` idempotent.
 Control channel: a directory (``control_dir``; a temporary one on the driver by
 default, which is only visible to executors in local mode: on a cluster pass a path on a
 shared filesystem). Members stop when the file ``STOP`` appears in it
-(:meth:`GroupMembersJob.stop`), after ``stop_after_s`` seconds, or once the members
+(`GroupMembersJob.stop`), after ``stop_after_s`` seconds, or once the members
 together processed ``max_records`` records; each member writes ``member-<i>.json``
 (progress) and ``member-<i>.events.jsonl`` (its callbacks, batches and commits) there.
 """
@@ -45,7 +45,7 @@ _POLL_S = 0.2
 
 @dataclass
 class MemberReport:
-    """What one member did (returned by :meth:`GroupMembersJob.wait`)."""
+    """What one member did (returned by `GroupMembersJob.wait`)."""
 
     index: int
     member_id: str
@@ -76,7 +76,7 @@ def free_task_slots(spark: Any) -> int:
 
 
 class GroupMembersJob:
-    """Handle of a running :func:`run_group_members` stage."""
+    """Handle of a running `run_group_members` stage."""
 
     def __init__(self, spark: Any, control_dir: Path, members: int, job_group: str) -> None:
         self.control_dir = control_dir

@@ -1,6 +1,6 @@
 """The source's offset JSON, admission control and offset-range planning (no Spark needed).
 
-An offset is what Spark writes to the checkpoint's offset log for each micro-batch::
+An offset is what Spark writes to the checkpoint's offset log for each micro-batch:
 
     {"orders": {"0": 120, "1": 88},
      "@meta": {"epoch": 7, "member": "AbC...", "starts": {"orders": {"1": 40}}}}

@@ -2,8 +2,8 @@
 
 Spark creates two reader instances: one in the long-lived stream-reader process, which
 calls the offset methods (it owns the ``GroupMember`` through
-:func:`spark_integration.driver.reader_for`), and one that is pickled to executors for
-:meth:`Kip848StreamReader.read`. Neither creates anything in ``__init__``; the executor
+`spark_integration.driver.reader_for`), and one that is pickled to executors for
+`Kip848StreamReader.read`. Neither creates anything in ``__init__``; the executor
 copy carries only the parsed options and an id.
 """
 
@@ -34,7 +34,7 @@ __all__ = ["Kip848DataSource", "Kip848Partition", "Kip848StreamReader"]
 
 
 class Kip848Partition(InputPartition):  # type: ignore[misc,unused-ignore]
-    """One Spark task: a :class:`~spark_integration.executor.ReadTask`."""
+    """One Spark task: a `ReadTask`."""
 
     def __init__(self, task: ReadTask) -> None:
         super().__init__(task)

@@ -1,6 +1,6 @@
 """Server-side assignors of KIP-848 consumer groups (``uniform`` and ``range``).
 
-Preview the target assignment the broker would compute::
+Preview the target assignment the broker would compute:
 
     from consumer_sdk.assignors import Subscription, assign
 

@@ -82,7 +82,7 @@ _UUID_INT = attrgetter("int")
 
 
 def check_partition_counts(topics: Iterable[T], partitions: Mapping[T, int]) -> None:
-    """Raise :class:`AssignorError` if a subscribed topic has an invalid partition count."""
+    """Raise `AssignorError` if a subscribed topic has an invalid partition count."""
     for topic in topics:
         count = partitions[topic]
         if type(count) is not int and (not isinstance(count, int) or isinstance(count, bool)):
@@ -97,7 +97,7 @@ def check_partition_counts(topics: Iterable[T], partitions: Mapping[T, int]) -> 
 
 
 def check_members(members: Mapping[str, Subscription[T]]) -> None:
-    """Raise a clear error if ``members`` does not map member ids to :class:`Subscription`."""
+    """Raise a clear error if ``members`` does not map member ids to `Subscription`."""
     if set(map(type, members.values())) <= {Subscription}:
         return
     for member_id, sub in members.items():
@@ -133,7 +133,7 @@ class TopicIndex(Generic[T]):
         return ti
 
     def rank(self, topic: T) -> int:
-        """Like :meth:`get` for a topic known to be in the list."""
+        """Like `get` for a topic known to be in the list."""
         ti = self.get(topic)
         if ti is None:
             raise KeyError(topic)
@@ -162,7 +162,7 @@ def _retain_all(
     sizes: list[int],
     claims: list[list[frozenset[int]]],
 ) -> bool:
-    """Fast path of :func:`retain_previous` when every previous entry is kept as is.
+    """Fast path of `retain_previous` when every previous entry is kept as is.
 
     All checks and copies loop in C over the flattened entries of all members. Returns
     False, changing nothing, when some entry needs a closer look.
@@ -206,7 +206,7 @@ def retain_previous(
     counts: Sequence[int],
     previous: PreviousAssignment[T],
 ) -> Retained[T]:
-    """Clean up ``previous`` (see :class:`Retained`).
+    """Clean up ``previous`` (see `Retained`).
 
     ``member_masks[i][t]`` is true when member ``i`` subscribes to ``index.topics[t]``;
     ``None`` means every member subscribes to every topic. Partitions outside
@@ -294,7 +294,7 @@ def _dedupe(
     held: list[dict[T, frozenset[int]]],
     sizes: list[int],
 ) -> set[int]:
-    """Slow path of :func:`retain_previous`: drop invalid and doubly-held partitions of
+    """Slow path of `retain_previous`: drop invalid and doubly-held partitions of
     ``topic``, first holder (in member order) wins."""
     seen: set[int] = set()
     for mi, mine in enumerate(held):

@@ -1,4 +1,4 @@
-"""Assignor registry and the :func:`assign` entry point."""
+"""Assignor registry and the `assign` entry point."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ ASSIGNORS: tuple[str, ...] = tuple(_REGISTRY)
 
 
 def get_assignor(name: str) -> Assignor:
-    """Return the assignor called ``name`` or raise :class:`AssignorError`."""
+    """Return the assignor called ``name`` or raise `AssignorError`."""
     try:
         return _REGISTRY[name]
     except (KeyError, TypeError):
@@ -39,8 +39,8 @@ def assign(
     """Compute the target assignment the broker's ``name`` assignor would produce.
 
     Args:
-        name: ``"uniform"`` or ``"range"`` (see :data:`ASSIGNORS`).
-        members: member id -> :class:`Subscription`.
+        name: ``"uniform"`` or ``"range"`` (see `ASSIGNORS`).
+        members: member id -> `Subscription`.
         partitions: topic key -> partition count; subscribed topics missing here are
             skipped (unknown topics).
         previous: the previous target assignment, for stickiness (``uniform`` only).

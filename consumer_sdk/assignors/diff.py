@@ -79,7 +79,7 @@ def explain(
     *,
     unchanged: bool = False,
 ) -> str:
-    """Human-readable summary of :func:`diff`, one block per changed member.
+    """Human-readable summary of `diff`, one block per changed member.
 
     With ``unchanged=True`` members whose target does not change are listed too.
     """

@@ -8,7 +8,7 @@ Two builders, picked from the members' (known) topic sets:
   (KAFKA-18688), so a balanced target is returned unchanged.
 * heterogeneous: keep everything still subscribed, hand each unassigned partition to the
   least-loaded subscriber of its topic, then rebalance topic by topic from the most to the
-  least loaded subscriber (at most :data:`MAX_BALANCE_PASSES` passes).
+  least loaded subscriber (at most `MAX_BALANCE_PASSES` passes).
 
 Implementation notes (speed): loads are counts; partitions are handed out as contiguous
 runs of the free partitions, and equal runs share one frozenset; the loops over members
@@ -457,7 +457,7 @@ def _balance(
     For each topic (in assignment order), while the most loaded subscriber holding one of
     its partitions has at least two more partitions than the least loaded subscriber, its
     highest partition of the topic moves over. Passes over the topics repeat until one
-    moves nothing, at most :data:`MAX_BALANCE_PASSES` times.
+    moves nothing, at most `MAX_BALANCE_PASSES` times.
     """
     candidates = [ti for ti in order if len(signatures.members[topic_sig[ti]]) >= 2]
     if not candidates:

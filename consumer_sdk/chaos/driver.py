@@ -7,7 +7,7 @@ timeout (SIGSTOP ... SIGCONT), restarts them gracefully, moves the group coordin
 a broker down briefly. It samples the group's committed offsets every second (OffsetFetch v6
 from the driver: the mock answers it without member fields). At the end it stops the faults
 and the producer, lets the members catch up and commit, closes them with SIGTERM, and checks
-the logs with :mod:`consumer_sdk.chaos.analysis`.
+the logs with `consumer_sdk.chaos.analysis`.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """One chaos member process: consume, log every processed record, commit after processing.
 
-Two implementations share the loop: ``sdk`` (this SDK's :class:`~consumer_sdk.Consumer`) and
+Two implementations share the loop: ``sdk`` (this SDK's `Consumer`) and
 ``ck`` (``confluent_kafka.Consumer`` with ``group.protocol=consumer``). Each process appends
 JSON lines to its own file; every line has ``t`` (wall clock, seconds), ``ev``, ``inc`` (the
 incarnation: name and pid) and the member id/epoch when known:

@@ -1,9 +1,9 @@
 """A sans-IO model of the broker side of KIP-848 consumer groups (reference §9).
 
-:class:`GroupCoordinator` answers ConsumerGroupHeartbeat requests with the group coordinator's
+`GroupCoordinator` answers ConsumerGroupHeartbeat requests with the group coordinator's
 rules — validation and error codes, group / assignment / member epochs, target assignment via
-:mod:`consumer_sdk.assignors`, revoke-before-reassign reconciliation, session and rebalance
-timeouts, static membership — and validates OffsetCommit member epochs. Time is passed in::
+`consumer_sdk.assignors`, revoke-before-reassign reconciliation, session and rebalance
+timeouts, static membership — and validates OffsetCommit member epochs. Time is passed in:
 
     from consumer_sdk.coordinator import GroupCoordinator
 
@@ -11,7 +11,7 @@ timeouts, static membership — and validates OffsetCommit member epochs. Time i
     response = coordinator.heartbeat(now_ms, request)   # a domain.HeartbeatRequest
     coordinator.tick(now_ms)                             # expire sessions / rebalance timeouts
 
-It is what the deterministic simulator (:mod:`consumer_sdk.simulation`) runs the real member
+It is what the deterministic simulator (`consumer_sdk.simulation`) runs the real member
 cores against, and a reference for tests.
 """
 

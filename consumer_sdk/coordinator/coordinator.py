@@ -2,10 +2,10 @@
 
 It answers ConsumerGroupHeartbeat (and validates OffsetCommit) the way the group coordinator
 does (reference §9): request validation, group / assignment / member epochs, target assignment
-through :mod:`consumer_sdk.assignors`, per-member reconciliation (:mod:`.reconcile`), session and
+through `consumer_sdk.assignors`, per-member reconciliation (`reconcile`), session and
 rebalance timeouts, static membership, leaves, subscription and topic metadata changes.
 
-Nothing here reads a clock: every call takes ``now_ms``, and :meth:`GroupCoordinator.tick`
+Nothing here reads a clock: every call takes ``now_ms``, and `GroupCoordinator.tick`
 fires the timers that are due.
 """
 
@@ -104,8 +104,8 @@ class _Group:
 class GroupCoordinator:
     """The broker side of one or many consumer groups, driven with virtual time.
 
-    ``topics`` seeds the :class:`TopicRegistry` (name -> partition count). ``listener``
-    receives :class:`CoordinatorEvent`\\ s (joins, leaves, expiries, epoch bumps, target
+    ``topics`` seeds the `TopicRegistry` (name -> partition count). ``listener``
+    receives `CoordinatorEvent` objects (joins, leaves, expiries, epoch bumps, target
     computations, group state changes).
     """
 
@@ -163,7 +163,7 @@ class GroupCoordinator:
         return self._describe_member(group, m) if m is not None else None
 
     def member_epoch(self, group_id: str, member_id: str) -> int | None:
-        """The member's epoch, or None if unknown (cheaper than :meth:`member`)."""
+        """The member's epoch, or None if unknown (cheaper than `member`)."""
         group = self._groups.get(group_id)
         m = group.members.get(member_id) if group is not None else None
         return m.epoch if m is not None else None
@@ -226,7 +226,7 @@ class GroupCoordinator:
         self._injected.append([member_id, int(code), count, message])
 
     def unload(self, now_ms: int) -> None:
-        """The coordinator moves away: heartbeats get NOT_COORDINATOR until :meth:`load`."""
+        """The coordinator moves away: heartbeats get NOT_COORDINATOR until `load`."""
         self._now = now_ms
         self._loaded = False
 
@@ -293,7 +293,7 @@ class GroupCoordinator:
     # ------------------------------------------------------------------------------------------
 
     def next_timer_ms(self) -> int | None:
-        """When :meth:`tick` next has something to do (a deadline; may be stale), or None."""
+        """When `tick` next has something to do (a deadline; may be stale), or None."""
         return self._timers[0][0] if self._timers else None
 
     def tick(self, now_ms: int) -> list[tuple[str, str, EventKind]]:

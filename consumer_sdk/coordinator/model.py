@@ -101,7 +101,7 @@ class GroupDescription:
 
 
 class EventKind(enum.Enum):
-    """What a :class:`CoordinatorEvent` reports."""
+    """What a `CoordinatorEvent` reports."""
 
     MEMBER_JOINED = "MEMBER_JOINED"
     MEMBER_LEFT = "MEMBER_LEFT"

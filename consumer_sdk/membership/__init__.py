@@ -1,6 +1,6 @@
 """Sans-IO KIP-848 membership core: member state machine, heartbeats, reconciliation.
 
-Drive :class:`GroupMembership` with virtual time: feed it application events, heartbeat
+Drive `GroupMembership` with virtual time: feed it application events, heartbeat
 responses, metadata and coordinator changes; send the heartbeats its ``poll`` returns; run the
 callbacks and commits its background events ask for. Nothing here does I/O, reads a clock or
 starts a thread.

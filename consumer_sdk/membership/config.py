@@ -11,7 +11,7 @@ class MembershipConfig:
 
     ``rebalance_timeout_ms`` is the consumer's ``max.poll.interval.ms``: it is sent as the HB's
     RebalanceTimeoutMs and is also the poll timer. ``auto_commit`` (``enable.auto.commit``) makes
-    every reconciliation pass commit consumed offsets first (:class:`CommitNeeded`).
+    every reconciliation pass commit consumed offsets first (`CommitNeeded`).
     """
 
     group_id: str

@@ -24,7 +24,7 @@ FATAL is terminal. The member sends no heartbeat while UNSUBSCRIBED, FENCED, STA
 
 
 def render_mermaid() -> str:
-    """The ``stateDiagram-v2`` source for :data:`TRANSITIONS`."""
+    """The ``stateDiagram-v2`` source for `TRANSITIONS`."""
     order = list(MemberState)
     lines = ["stateDiagram-v2", f"    [*] --> {MemberState.UNSUBSCRIBED.value}"]
     for source in order:

@@ -1,11 +1,11 @@
 """Typed, frozen events exchanged between the application thread and the membership core.
 
 Application events are produced by the application thread and consumed by the core
-(:meth:`GroupMembership.submit` queues one, :meth:`GroupMembership.handle` processes one now).
+(`GroupMembership.submit` queues one, `GroupMembership.handle` processes one now).
 Background events are produced by the core and drained by the application thread
-(:meth:`GroupMembership.drain_background_events`), which runs user callbacks for
-:class:`CallbacksNeeded`, commits for :class:`CommitNeeded`, raises :class:`ErrorEvent` from
-``poll()``, and answers with :class:`CallbackCompleted` / :class:`CommitCompleted`.
+(`GroupMembership.drain_background_events`), which runs user callbacks for
+`CallbacksNeeded`, commits for `CommitNeeded`, raises `ErrorEvent` from
+``poll()``, and answers with `CallbackCompleted` / `CommitCompleted`.
 
 Partitions in events are ``(topic_name, partition)`` pairs, sorted.
 """
@@ -23,13 +23,11 @@ TopicPartition = tuple[str, int]
 class CloseOption(enum.Enum):
     """What ``close()`` does to the group membership (KIP-1092).
 
-    ========================  ===============  ==============
-    option                    dynamic member   static member
-    ========================  ===============  ==============
-    DEFAULT                   leave, epoch -1  leave, epoch -2
-    LEAVE_GROUP               leave, epoch -1  leave, epoch -1
-    REMAIN_IN_GROUP           no leave HB      leave, epoch -2
-    ========================  ===============  ==============
+    | option            | dynamic member  | static member   |
+    | ----------------- | --------------- | --------------- |
+    | `DEFAULT`         | leave, epoch -1 | leave, epoch -2 |
+    | `LEAVE_GROUP`     | leave, epoch -1 | leave, epoch -1 |
+    | `REMAIN_IN_GROUP` | no leave HB     | leave, epoch -2 |
     """
 
     DEFAULT = "DEFAULT"
@@ -55,7 +53,7 @@ class Subscribe:
     """Subscribe to topic names or to a (RE2J, broker-side) regex; joins on the next Poll.
 
     ``has_listener=False`` means no rebalance listener is registered: the core then completes
-    callbacks itself instead of emitting :class:`CallbacksNeeded` (as the Java client does).
+    callbacks itself instead of emitting `CallbacksNeeded` (as the Java client does).
     Subscribing to no topic and no pattern is an unsubscribe.
     """
 
@@ -95,7 +93,7 @@ class CallbackCompleted:
 
 @dataclass(frozen=True, slots=True)
 class CommitCompleted:
-    """The commit asked for by :class:`CommitNeeded` ``commit_id`` finished (or failed)."""
+    """The commit asked for by `CommitNeeded` ``commit_id`` finished (or failed)."""
 
     commit_id: int
     error: str | None = None

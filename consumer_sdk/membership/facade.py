@@ -2,13 +2,13 @@
 
 Two hosts are expected:
 
-- The runtime: the application thread :meth:`~GroupMembership.submit`\\ s application events
-  and :meth:`~GroupMembership.drain_background_events` inside ``poll()``; the background thread
-  calls :meth:`~GroupMembership.poll`, sends the returned heartbeat, and reports responses,
+- The runtime: the application thread submits application events (`submit`)
+  and `drain_background_events` inside ``poll()``; the background thread
+  calls `poll`, sends the returned heartbeat, and reports responses,
   failures, metadata and coordinator changes. The core is not thread-safe: the runtime calls it
   from its background thread only (``submit`` and ``drain_background_events`` are the two
   methods safe to call from another thread), or serialises all calls with a lock.
-- A single-threaded host (tests, a simulator): calls :meth:`~GroupMembership.handle` directly.
+- A single-threaded host (tests, a simulator): calls `handle` directly.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ class GroupMembership:
 
     ``rng`` drives backoff jitter and, without ``member_id_factory``, the member id (one id for
     the member's lifetime). ``on_state_change`` is a tracing hook called for every transition,
-    in addition to the :class:`StateChanged` background event.
+    in addition to the `StateChanged` background event.
     """
 
     def __init__(
@@ -130,7 +130,7 @@ class GroupMembership:
     @property
     def coordinator_needed(self) -> bool:
         """True while the member wants to heartbeat but knows no coordinator: the host should
-        run FindCoordinator and then call :meth:`on_coordinator_known`."""
+        run FindCoordinator and then call `on_coordinator_known`."""
         return self._heartbeat.coordinator_needed
 
     @property
@@ -140,7 +140,7 @@ class GroupMembership:
     @property
     def metadata_needed(self) -> bool:
         """True when assigned topic ids could not be named: the host should fetch metadata
-        (for :attr:`unresolved_topic_ids`) and call :meth:`on_metadata`."""
+        (for `unresolved_topic_ids`) and call `on_metadata`."""
         return self._manager.metadata_needed
 
     @property
@@ -169,7 +169,7 @@ class GroupMembership:
     # ------------------------------------------------------------------------------------------
 
     def submit(self, event: ApplicationEvent) -> None:
-        """Queue an application event; the next :meth:`poll` processes it (thread-safe)."""
+        """Queue an application event; the next `poll` processes it (thread-safe)."""
         self.app_events.append(event)
 
     def handle(self, event: ApplicationEvent, now_ms: int) -> None:
@@ -218,7 +218,7 @@ class GroupMembership:
         return self._heartbeat.poll(now_ms)
 
     def time_until_next_poll(self, now_ms: int) -> int:
-        """Milliseconds the host may wait before the next :meth:`poll` (0: call it now)."""
+        """Milliseconds the host may wait before the next `poll` (0: call it now)."""
         if self.app_events:
             return 0
         return self._heartbeat.time_until_next_poll(now_ms)
@@ -233,7 +233,7 @@ class GroupMembership:
     def on_heartbeat_failure(
         self, now_ms: int, failure: Failure, request: HeartbeatRequest | None = None
     ) -> None:
-        """A heartbeat got no response (see :class:`Failure`)."""
+        """A heartbeat got no response (see `Failure`)."""
         self._heartbeat.on_failure(now_ms, failure, request)
 
     def on_metadata(self, now_ms: int, topic_names_by_id: Mapping[uuid.UUID, str]) -> None:

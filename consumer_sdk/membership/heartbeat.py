@@ -1,10 +1,10 @@
 """Heartbeat timing, content and error policy (reference §2-§4).
 
-:class:`HeartbeatRequestManager` decides when a ConsumerGroupHeartbeat goes out and what it
+`HeartbeatRequestManager` decides when a ConsumerGroupHeartbeat goes out and what it
 carries, and turns responses and failures into membership transitions. It never does I/O: the
-host calls :meth:`HeartbeatRequestManager.poll`, sends the returned request, and reports the
-outcome with :meth:`~HeartbeatRequestManager.on_response` or
-:meth:`~HeartbeatRequestManager.on_failure` (once per request, in the order sent, or passing the
+host calls `HeartbeatRequestManager.poll`, sends the returned request, and reports the
+outcome with `on_response` or
+`on_failure` (once per request, in the order sent, or passing the
 request back to match it).
 """
 
@@ -291,7 +291,7 @@ class HeartbeatRequestManager:
         )
 
     def time_until_next_poll(self, now_ms: int) -> int:
-        """How long the host may wait before calling :meth:`poll` again."""
+        """How long the host may wait before calling `poll` again."""
         m = self._m
         idle = max(self._timing.interval_ms, self._cfg.retry_backoff_max_ms)
         if m.state is S.FATAL or m.should_skip_heartbeat():

@@ -2,11 +2,11 @@
 
 It mirrors the Java client's ``ConsumerMembershipManager`` behaviour (reference §1, §5-§7) but
 waits for the application thread through events instead of futures: a step that needs a
-callback or a commit emits :class:`CallbacksNeeded` / :class:`CommitNeeded` and resumes when
-:class:`CallbackCompleted` / :class:`CommitCompleted` comes back with the same id.
+callback or a commit emits `CallbacksNeeded` / `CommitNeeded` and resumes when
+`CallbackCompleted` / `CommitCompleted` comes back with the same id.
 
 Heartbeat timing, content and the error policy live in
-:mod:`consumer_sdk.membership.heartbeat`, which calls the ``on_heartbeat_*`` and
+`consumer_sdk.membership.heartbeat`, which calls the ``on_heartbeat_*`` and
 ``transition_to_*`` hooks below.
 """
 
@@ -712,7 +712,7 @@ class MembershipManager:
         purpose: _Purpose,
         pass_id: int | None = None,
     ) -> int | None:
-        """Emit :class:`CallbacksNeeded`, or return None if no callback is to run (REVOKED and
+        """Emit `CallbacksNeeded`, or return None if no callback is to run (REVOKED and
         LOST only run for a non-empty set; none run without a listener)."""
         if kind is not CallbackKind.ASSIGNED and not partitions:
             return None

@@ -4,7 +4,7 @@ Like Kafka's sensors, averages, maxima and rates are computed over a sliding win
 30-second samples by default, so 60 s), and ``*-total`` values are cumulative. An average or a
 maximum without samples is NaN; a ``*-seconds-ago`` metric is -1 until the first event.
 The core records rebalance, heartbeat and callback metrics; commit metrics are recorded by the
-host's commit path through :meth:`MembershipMetrics.record_commit`.
+host's commit path through `MembershipMetrics.record_commit`.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ class _Windowed:
 
 
 class MembershipMetrics:
-    """Plain counters and latencies; :meth:`snapshot` returns them under the reference names."""
+    """Plain counters and latencies; `snapshot` returns them under the reference names."""
 
     def __init__(self, window_ms: int = DEFAULT_WINDOW_MS) -> None:
         self._window_ms = window_ms

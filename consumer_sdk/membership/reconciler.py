@@ -1,6 +1,6 @@
 """Assignment bookkeeping for reconciliation (reference §5).
 
-The reconciler holds the data; :class:`~consumer_sdk.membership.manager.MembershipManager`
+The reconciler holds the data; `MembershipManager`
 drives a pass through its steps (commit, revoke, assign, apply) because each step waits for the
 application thread.
 

@@ -1,7 +1,7 @@
 """Member states and the one transition table (reference §1).
 
 ``TRANSITIONS`` is the single source of truth: every state change in the core goes through
-:meth:`StateMachine.transition`, which checks it against the table, and the Mermaid diagram in
+`StateMachine.transition`, which checks it against the table, and the Mermaid diagram in
 ``docs/state-diagram.md`` is generated from it (``python -m consumer_sdk.membership.diagram``).
 """
 
@@ -91,7 +91,7 @@ class IllegalTransition(RuntimeError):
 
 
 def is_allowed(old: MemberState, new: MemberState) -> bool:
-    """Whether ``old -> new`` is allowed by :data:`TRANSITIONS` (self-transitions always are)."""
+    """Whether ``old -> new`` is allowed by `TRANSITIONS` (self-transitions always are)."""
     return old is new or old in TRANSITIONS[new]
 
 
@@ -114,7 +114,7 @@ class StateMachine:
         return self._state
 
     def transition(self, new: MemberState, reason: str) -> None:
-        """Move to ``new`` or raise :class:`IllegalTransition`; the listener sees every move."""
+        """Move to ``new`` or raise `IllegalTransition`; the listener sees every move."""
         old = self._state
         if not is_allowed(old, new):
             raise IllegalTransition(old, new)

@@ -94,7 +94,7 @@ def _response_header_type(response_type: type[Any]) -> type[Any]:
 def decode_response(frame: bytes, response_type: type[R], expected_correlation_id: int) -> R:
     """Parse one response frame (without its length prefix) as ``response_type``.
 
-    Raises :class:`CorrelationIdMismatch` or :class:`ProtocolError`; never anything else.
+    Raises `CorrelationIdMismatch` or `ProtocolError`; never anything else.
     """
     correlation_id = peek_correlation_id(frame)
     if correlation_id != expected_correlation_id:

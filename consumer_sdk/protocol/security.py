@@ -1,6 +1,6 @@
 """Connection settings with librdkafka's key names: timeouts, TLS and SASL.
 
-Secrets are held in :class:`Secret`, whose ``repr``/``str`` never show the value.
+Secrets are held in `Secret`, whose ``repr``/``str`` never show the value.
 """
 
 from __future__ import annotations

@@ -176,7 +176,7 @@ class Fetcher:
 
     def _note_dropped(self, key: Partition, msg: Message) -> None:
         """A fenced partition's record was dropped: if nothing was delivered from it yet,
-        remember where it starts, so :meth:`unfence` can rewind there."""
+        remember where it starts, so `unfence` can rewind there."""
         if key in self._assigned and key not in self._last and key not in self._positions:
             offset = msg.offset()
             if offset is not None:

@@ -84,9 +84,9 @@ def _tps(partitions: Iterable[Partition]) -> list[TopicPartition]:
 class GroupMember:
     """A consumer group member without a data plane.
 
-    It subscribes, runs rebalance callbacks inside :meth:`poll`, commits explicit offsets and
+    It subscribes, runs rebalance callbacks inside `poll`, commits explicit offsets and
     reports its assignment, for hosts that read data themselves (such as the Spark driver).
-    :class:`~consumer_sdk.Consumer` adds record fetching on top.
+    `Consumer` adds record fetching on top.
     """
 
     def __init__(self, config: Mapping[str, Any]) -> None:

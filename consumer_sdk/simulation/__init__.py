@@ -1,7 +1,7 @@
 """Deterministic virtual-time simulation of a KIP-848 consumer group.
 
-Runs N real membership cores (:class:`consumer_sdk.membership.GroupMembership`) against the
-coordinator model (:class:`consumer_sdk.coordinator.GroupCoordinator`) over simulated links with
+Runs N real membership cores (`consumer_sdk.membership.GroupMembership`) against the
+coordinator model (`consumer_sdk.coordinator.GroupCoordinator`) over simulated links with
 latency, loss, reordering and network partitions, while members join, leave, crash, pause,
 freeze and restart, the coordinator fails over and topics change. Invariants are checked as the
 run goes (no partition owned by two members, clients agree with the coordinator, epochs only
@@ -13,7 +13,7 @@ move forward, no unexplained FATAL, no member stuck reconciling, convergence aft
     print(report.summary())
     assert report.ok
 
-A failing run is replayed from its trace (:func:`replay`) and shrunk (:func:`shrink`). The CLI
+A failing run is replayed from its trace (`replay`) and shrunk (`shrink`). The CLI
 is ``python -m consumer_sdk.simulation --help``. See ``docs/simulation.md``.
 """
 

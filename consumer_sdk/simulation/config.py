@@ -133,7 +133,7 @@ class SimConfig:
 
     The run alternates churn windows (``churn_ms``: faults happen) and quiet windows
     (``quiet_ms``: nothing new goes wrong); at the end of each quiet window the group must have
-    converged (a checkpoint). ``faults`` names a :data:`FAULT_MIXES` entry; ``static_fraction``
+    converged (a checkpoint). ``faults`` names a `FAULT_MIXES` entry; ``static_fraction``
     and ``regex_fraction`` override the mix's. ``poll_interval_ms`` is how often the simulated
     application calls ``poll()``; ``rebalance_timeout_ms`` is its ``max.poll.interval.ms``.
     """

@@ -1,7 +1,7 @@
 """The deterministic virtual-time simulator.
 
-Real membership cores (:class:`consumer_sdk.membership.GroupMembership`, the code the Consumer
-runs) talk to the coordinator model (:class:`consumer_sdk.coordinator.GroupCoordinator`) over
+Real membership cores (`consumer_sdk.membership.GroupMembership`, the code the Consumer
+runs) talk to the coordinator model (`consumer_sdk.coordinator.GroupCoordinator`) over
 simulated links. Each member has a host that does what the runtime does: an application thread
 that subscribes and polls every ``poll_interval_ms`` and runs rebalance callbacks, and a
 background side that sends the heartbeats the core asks for, reports responses and failures,
@@ -10,7 +10,7 @@ finds the coordinator and fetches metadata.
 Everything runs on one priority queue of virtual-millisecond events; every random choice comes
 from ``random.Random`` instances seeded from the configuration's seed, so a seed (plus the trace
 of scheduled events) replays a run exactly. Invariants are checked as things change (see
-:mod:`consumer_sdk.simulation` and ``docs/simulation.md``).
+`consumer_sdk.simulation` and ``docs/simulation.md``).
 """
 
 from __future__ import annotations

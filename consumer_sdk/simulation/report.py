@@ -49,7 +49,7 @@ def percentile(values: Sequence[float], q: float) -> float:
 
 @dataclass(slots=True)
 class SimReport:
-    """The outcome of :meth:`Simulation.run`."""
+    """The outcome of `Simulation.run`."""
 
     config: SimConfig
     trace: Trace

@@ -1,4 +1,4 @@
-"""Turn a :class:`SimConfig` into the run's event trace (a seeded, up-front schedule)."""
+"""Turn a `SimConfig` into the run's event trace (a seeded, up-front schedule)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
-"""Test support: :class:`EmbeddedKafka`, a real Kafka-protocol cluster for tests and demos.
+"""Test support: `EmbeddedKafka`, a real Kafka-protocol cluster for tests and demos.
 
 ``EmbeddedKafka`` hosts librdkafka's mock cluster (shipped inside the confluent-kafka
 wheel) in a child process and exposes topic management, produce, broker faults, error
-injection, KIP-848 group settings and request tracking::
+injection, KIP-848 group settings and request tracking:
 
     from consumer_sdk.testing import EmbeddedKafka
 
@@ -11,7 +11,7 @@ injection, KIP-848 group settings and request tracking::
         kafka.produce("orders", [b"v1", b"v2"])
         ...  # point clients at kafka.bootstrap_servers
 
-The pytest plugin :mod:`consumer_sdk.testing.pytest_plugin` (registered through the
+The pytest plugin `consumer_sdk.testing.pytest_plugin` (registered through the
 ``pytest11`` entry point) provides the ``embedded_kafka`` and ``embedded_kafka_factory``
 fixtures.
 """

@@ -1,4 +1,4 @@
-"""EmbeddedKafka: librdkafka's mock cluster in a child process (see :mod:`consumer_sdk.testing`)."""
+"""EmbeddedKafka: librdkafka's mock cluster in a child process (see `consumer_sdk.testing`)."""
 
 from __future__ import annotations
 
@@ -276,15 +276,15 @@ class EmbeddedKafka:
     The mock speaks the Kafka wire protocol on loopback (brokers ``1..brokers``), including
     KIP-848 ``ConsumerGroupHeartbeat`` v1, and offers fault injection. It runs in a child
     process because malformed requests can trip asserts that abort the hosting process;
-    once the child is gone every call raises :class:`EmbeddedKafkaError` carrying its exit
+    once the child is gone every call raises `EmbeddedKafkaError` carrying its exit
     status and last stderr lines. Invalid arguments raise ``ValueError``/``TypeError``
     before anything reaches the child.
 
     ``heartbeat_interval_ms``/``session_timeout_ms`` set the KIP-848 group settings (mock
     defaults: 3000/30000). ``debug`` is a librdkafka debug context list for the mock (e.g.
-    ``"mock"``) whose output lands in the child's stderr (see :attr:`stderr_tail`).
+    ``"mock"``) whose output lands in the child's stderr (see `stderr_tail`).
     Request tracking is always on; it also sees the short-lived clients that
-    :meth:`produce` and :meth:`topics` use. Thread-safe; one command runs at a time.
+    `produce` and `topics` use. Thread-safe; one command runs at a time.
     """
 
     def __init__(
@@ -408,7 +408,7 @@ class EmbeddedKafka:
         return _int("broker_id", broker_id, 1, self._broker_count)
 
     def ensure_alive(self) -> None:
-        """Raise :class:`EmbeddedKafkaError` if closed or if the child process has died."""
+        """Raise `EmbeddedKafkaError` if closed or if the child process has died."""
         if self._closed:
             raise EmbeddedKafkaError("EmbeddedKafka is closed")
         if not self._child.running():
@@ -590,7 +590,7 @@ class EmbeddedKafka:
         )
 
     def clear_request_errors(self, api_key: int) -> None:
-        """Drop the errors still queued by :meth:`push_request_errors` for ``api_key``."""
+        """Drop the errors still queued by `push_request_errors` for ``api_key``."""
         self._call("clear_request_errors", api_key=_int("api_key", api_key, 0, _INT16[1]))
 
     def push_broker_errors(
@@ -598,7 +598,7 @@ class EmbeddedKafka:
     ) -> None:
         """Queue ``(error, rtt_ms)`` answers for ``api_key`` on one broker only.
 
-        Takes precedence over :meth:`push_request_errors`; ``(0, ms)`` just delays one
+        Takes precedence over `push_request_errors`; ``(0, ms)`` just delays one
         response. A bare int means ``(error, 0)``.
         """
         pairs: list[tuple[int, int]] = []
@@ -613,7 +613,7 @@ class EmbeddedKafka:
         )
 
     def pending_broker_errors(self, broker_id: int, api_key: int) -> int:
-        """How many :meth:`push_broker_errors` entries are still queued."""
+        """How many `push_broker_errors` entries are still queued."""
         return int(
             self._call(
                 "pending_broker_errors",
@@ -683,7 +683,7 @@ class EmbeddedKafka:
     # -- request tracking --------------------------------------------------------------------
 
     def requests(self, api_key: int | None = None) -> list[MockRequest]:
-        """Requests seen since start or :meth:`clear_requests`, in arrival order.
+        """Requests seen since start or `clear_requests`, in arrival order.
 
         The mock keeps every request until cleared: in long sessions, clear between
         scenarios to keep these calls cheap.
@@ -693,11 +693,11 @@ class EmbeddedKafka:
         return [MockRequest(*r) for r in self._call("requests", api_key=api_key)]
 
     def request_counts(self) -> dict[int, int]:
-        """``{api_key: count}`` since start or :meth:`clear_requests`."""
+        """``{api_key: count}`` since start or `clear_requests`."""
         return {int(k): int(n) for k, n in self._call("request_counts")}
 
     def clear_requests(self) -> None:
-        """Forget tracked requests (resets :meth:`requests` and :meth:`request_counts`)."""
+        """Forget tracked requests (resets `requests` and `request_counts`)."""
         self._call("clear_requests")
 
     # -- lifecycle ---------------------------------------------------------------------------

@@ -22,8 +22,8 @@ def recv_exact(sock: socket.socket, n: int) -> bytes | None:
 class ProxyBase:
     """Listens on ``host``:0 and accepts connections on a daemon thread (``_on_accept``).
 
-    Subclasses register the sockets of each proxied connection with :meth:`_track`;
-    :meth:`close` stops accepting at once and closes every tracked socket.
+    Subclasses register the sockets of each proxied connection with `_track`;
+    `close` stops accepting at once and closes every tracked socket.
     """
 
     def __init__(self, host: str, thread_name: str) -> None:

@@ -8,7 +8,7 @@ Metadata and FindCoordinator responses through a shared ``advertise`` map, so ev
 a client opens after bootstrapping also goes through a proxy (front each broker with its own
 proxy and give them all the same map).
 
-:func:`make_certificates` creates a throwaway CA and a server certificate for given host
+`make_certificates` creates a throwaway CA and a server certificate for given host
 names with the ``openssl`` command line tool.
 """
 
