@@ -24,7 +24,7 @@ DOCS = ROOT / "docs"
 
 
 def _versions() -> str:
-    names = ["consumer-sdk", "confluent-kafka", "kio", "pyspark", "pyarrow"]
+    names = ["kip848-consumer", "confluent-kafka", "kio", "pyspark", "pyarrow"]
     out = []
     for name in names:
         try:
@@ -33,7 +33,8 @@ def _versions() -> str:
             continue
     import confluent_kafka
 
-    out.append(f"librdkafka {confluent_kafka.libversion()[0]}")
+    libversion = confluent_kafka.libversion()  # a str, not a tuple, in 2.12.0
+    out.append(f"librdkafka {libversion if isinstance(libversion, str) else libversion[0]}")
     return ", ".join(out)
 
 

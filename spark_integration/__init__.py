@@ -1,6 +1,6 @@
 """PySpark integration: a KIP-848 group-member streaming source and executor members.
 
-* ``register(spark)`` adds the ``kip848`` streaming source (pyspark >= 4.2)::
+* ``register(spark)`` adds the ``kip848`` streaming source (pyspark >= 4.2):
 
       spark_integration.register(spark)
       df = (spark.readStream.format("kip848")
@@ -15,6 +15,7 @@ See docs/spark.md.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +24,27 @@ from spark_integration.options import SourceOptions
 
 if TYPE_CHECKING:
     from spark_integration.members import GroupMembersJob, MemberReport
+
+
+def _require_spark_extra() -> None:
+    # find_spec, not import: executors unpickle through this package and must stay light.
+    missing = []
+    for module in ("pyspark", "pyarrow"):
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            missing.append(module)
+    if missing:
+        raise ImportError(
+            f"spark_integration needs {' and '.join(missing)}: install the [spark] extra "
+            "(pip install 'kip848-consumer[spark]')",
+            name=missing[0],
+        )
+
+
+_require_spark_extra()
 
 # Executors import this package to unpickle the reader: keep consumer_sdk (pydantic) and
 # pyspark out of its import path.
@@ -63,7 +85,7 @@ def kafka_schema(include_headers: bool = False) -> str:
 def run_group_members(*args: Any, **kwargs: Any) -> GroupMembersJob:
     """Run N long-lived ``consumer_sdk.Consumer`` group members as Spark barrier tasks.
 
-    See :func:`spark_integration.members.run_group_members`.
+    See `spark_integration.members.run_group_members`.
     """
     from spark_integration.members import run_group_members as run
 

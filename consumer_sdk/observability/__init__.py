@@ -1,1 +1,1 @@
-"""Optional OpenTelemetry export (``pip install consumer-sdk[otel]``): see :mod:`.otel`."""
+"""Optional OpenTelemetry export (``pip install 'kip848-consumer[otel]'``): see `otel`."""

@@ -8,7 +8,7 @@
 Metrics keep the Java consumer's names under ``kafka.consumer.coordinator.*`` (e.g.
 ``kafka.consumer.coordinator.rebalance_latency_avg``). Spans follow the OpenTelemetry
 messaging semantic conventions: ``receive <topic>`` for each record ``poll()`` returns,
-``process <topic>`` for work the application wraps with :meth:`Instrumentation.process`,
+``process <topic>`` for work the application wraps with `Instrumentation.process`,
 and ``commit`` (operation type ``settle``) for synchronous commits.
 """
 
@@ -26,7 +26,7 @@ try:
     from opentelemetry.trace import SpanKind, Status, StatusCode
 except ImportError as exc:  # pragma: no cover - depends on the extra
     raise ImportError(
-        "consumer_sdk.observability.otel needs OpenTelemetry: pip install 'consumer-sdk[otel]'"
+        "consumer_sdk.observability.otel needs OpenTelemetry: pip install 'kip848-consumer[otel]'"
     ) from exc
 
 from consumer_sdk.runtime.group_member import GroupMember
@@ -48,7 +48,7 @@ def _record_attributes(member: GroupMember, msg: Any) -> dict[str, Any]:
 
 
 class Instrumentation:
-    """What :func:`instrument` installed on one consumer; :meth:`uninstrument` removes it."""
+    """What `instrument` installed on one consumer; `uninstrument` removes it."""
 
     def __init__(self, member: GroupMember, tracer: Any, meter: Any) -> None:
         self.member = member

@@ -477,7 +477,10 @@ class EmbeddedKafka:
         )
 
     def delete_topic(self, topic: str) -> None:
-        """Delete ``topic`` (EmbeddedKafkaError code 3 if unknown). Groups are not updated."""
+        """Delete ``topic`` (EmbeddedKafkaError code 3 if unknown). Groups are not updated.
+
+        Needs confluent-kafka 2.15 or newer (older librdkafka has no mock topic deletion).
+        """
         self._call("delete_topic", topic=_topic(topic))
 
     def topics(self) -> dict[str, int]:

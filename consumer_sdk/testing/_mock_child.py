@@ -1,4 +1,4 @@
-"""Child process hosting librdkafka's mock cluster (see :mod:`consumer_sdk.testing`).
+"""Child process hosting librdkafka's mock cluster (see `consumer_sdk.testing`).
 
 Run as a script (``python -u -P _mock_child.py '<json config>'``); it imports only the
 standard library and ``confluent_kafka`` so it works whether or not ``consumer_sdk`` is
@@ -100,6 +100,14 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "rd_kafka_mock_topic_set_error": (None, [_c_void_p, _c_char_p, _c_int]),
 }
 
+#: The oldest confluent-kafka whose bundled librdkafka has every required symbol above and
+#: whose mock cluster runs KIP-848 groups as the SDK's tests expect (2.8-2.10 export the
+#: symbols, but 2.10's mock does not give a restarted static member its partitions back).
+#: Keep in step with pyproject.toml's dependency range (tests/test_packaging.py checks).
+MIN_CONFLUENT_KAFKA = "2.11.0"
+#: Symbols only some commands need -> the confluent-kafka release that added them.
+OPTIONAL_SYMBOLS = {"rd_kafka_mock_topic_delete": "2.15.0"}
+
 _RD_KAFKA_PRODUCER = 0
 _METADATA_TIMEOUT_S = 5.0
 
@@ -136,12 +144,26 @@ def find_librdkafka() -> str:
     if not candidates:
         raise RuntimeError(
             f"librdkafka not found: nothing matches {' or '.join(map(repr, patterns))} "
-            f"(confluent_kafka {confluent_kafka.version()[0]} at {package_dir})"
+            f"(confluent-kafka {_confluent_kafka_version()} at {package_dir})"
         )
     return candidates[0]
 
 
-def load_library(path: str) -> ctypes.CDLL:
+def _confluent_kafka_version() -> str:
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version("confluent-kafka")
+    except importlib.metadata.PackageNotFoundError:
+        return "?"
+
+
+def load_library(path: str) -> tuple[ctypes.CDLL, set[str]]:
+    """Bind the mock-cluster API; return the library and the optional symbols it lacks.
+
+    A missing required symbol is an error that names it and the confluent-kafka release
+    that has it, so an older confluent-kafka fails at start, not halfway through a test.
+    """
     if not os.path.isfile(path):
         raise RuntimeError(f"librdkafka not found at {path!r}")
     lib = ctypes.CDLL(path)
@@ -154,9 +176,21 @@ def load_library(path: str) -> ctypes.CDLL:
             continue
         fn.restype = restype
         fn.argtypes = argtypes
-    if missing:
-        raise RuntimeError(f"{path} lacks mock-cluster symbols: {', '.join(missing)}")
-    return lib
+    required = [name for name in missing if name not in OPTIONAL_SYMBOLS]
+    if required:
+        version = (
+            (lib.rd_kafka_version_str() or b"?").decode()
+            if hasattr(lib, "rd_kafka_version_str")
+            else "?"
+        )
+        raise RuntimeError(
+            f"EmbeddedKafka needs librdkafka's mock-cluster function(s) {', '.join(required)}, "
+            f"which {path} (librdkafka {version}, confluent-kafka "
+            f"{_confluent_kafka_version()}) does not export: install "
+            f"confluent-kafka>={MIN_CONFLUENT_KAFKA} (pip install "
+            f"'confluent-kafka>={MIN_CONFLUENT_KAFKA}')"
+        )
+    return lib, set(missing)
 
 
 class MockCluster:
@@ -168,9 +202,10 @@ class MockCluster:
         self._ck = confluent_kafka
         requested_path = config.get("librdkafka_path")
         self.library_path = requested_path or find_librdkafka()
-        self.lib = load_library(self.library_path)
+        self.lib, self._missing_optional = load_library(self.library_path)
         self.version = (self.lib.rd_kafka_version_str() or b"?").decode()
-        binding_version = confluent_kafka.libversion()[0]
+        libversion = confluent_kafka.libversion()  # a str, not a tuple, in 2.12.0
+        binding_version = libversion if isinstance(libversion, str) else libversion[0]
         if not requested_path and self.version != binding_version:
             raise RuntimeError(
                 f"{self.library_path} is librdkafka {self.version} but confluent_kafka "
@@ -217,6 +252,14 @@ class MockCluster:
             self.rk = 0
 
     # -- helpers ---------------------------------------------------------------------------
+
+    def _require(self, symbol: str, command: str) -> None:
+        if symbol in self._missing_optional:
+            raise CommandError(
+                f"{command} needs librdkafka's {symbol}, which librdkafka {self.version} "
+                f"(confluent-kafka {_confluent_kafka_version()}) does not export: install "
+                f"confluent-kafka>={OPTIONAL_SYMBOLS[symbol]}"
+            )
 
     def _check(self, err: int, what: str) -> None:
         if err:
@@ -269,6 +312,7 @@ class MockCluster:
         self.topics[topic] = partitions
 
     def delete_topic(self, topic: str) -> None:
+        self._require("rd_kafka_mock_topic_delete", "delete_topic")
         self._check(
             self.lib.rd_kafka_mock_topic_delete(self.mc, topic.encode()),
             f"delete_topic({topic!r})",

@@ -1,7 +1,7 @@
-"""pytest fixtures for :class:`~consumer_sdk.testing.EmbeddedKafka`.
+"""pytest fixtures for `EmbeddedKafka`.
 
 Registered automatically through the ``pytest11`` entry point
-``consumer_sdk_embedded_kafka`` once ``consumer-sdk`` is installed (do not also pass
+``consumer_sdk_embedded_kafka`` once ``kip848-consumer`` is installed (do not also pass
 ``-p consumer_sdk.testing.pytest_plugin`` then: pytest would register it twice).
 
 Fixtures:
@@ -13,7 +13,7 @@ Fixtures:
 
 ``embedded_kafka_factory``
     Function-scoped factory ``factory(**kwargs) -> EmbeddedKafka`` taking the
-    :class:`EmbeddedKafka` constructor arguments, for custom or disposable clusters.
+    `EmbeddedKafka` constructor arguments, for custom or disposable clusters.
 
 All clusters are closed at teardown. If a child process died unexpectedly (not through
 ``kill()``), teardown fails with its exit status and last stderr lines.

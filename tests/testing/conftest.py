@@ -1,4 +1,4 @@
-"""Make the EmbeddedKafka fixtures available even when consumer-sdk is not pip-installed.
+"""Make the EmbeddedKafka fixtures available even when kip848-consumer is not pip-installed.
 
 Once installed, the ``pytest11`` entry point registers the plugin; registering the same
 module again would fail, so only register it when it is missing.
