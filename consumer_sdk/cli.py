@@ -1,8 +1,9 @@
-"""``consumer-sdk`` command line: ``demo``, ``describe GROUP``, ``plan`` and ``simulate``."""
+"""The consumer-sdk command line: demo, describe, plan and simulate."""
 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -87,34 +88,106 @@ def plan(args: argparse.Namespace) -> int:
     return 0
 
 
+DESCRIPTION = """\
+Tools for the KIP-848 consumer group protocol (package kip848-consumer).
+"consumer-sdk COMMAND --help" describes each command.
+"""
+
+
+def version_text() -> str:
+    """``consumer-sdk X (kip848-consumer, confluent-kafka Y)``."""
+    from consumer_sdk._version import __version__
+
+    try:
+        ck = importlib.metadata.version("confluent-kafka")
+    except importlib.metadata.PackageNotFoundError:  # pragma: no cover - a hard dependency
+        ck = "missing"
+    return f"consumer-sdk {__version__} (kip848-consumer, confluent-kafka {ck})"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The parser; every option has help text (tests walk it)."""
+    parser = argparse.ArgumentParser(
+        prog="consumer-sdk",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=version_text())
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", title="commands")
+    p_demo = sub.add_parser(
+        "demo",
+        help="SDK members and a confluent-kafka member sharing a topic on EmbeddedKafka",
+        description="Start EmbeddedKafka, produce continuously and run SDK members and one "
+        "confluent-kafka (group.protocol=consumer) member in one group, printing their states, "
+        "epochs and partitions as members join, get fenced and leave; then check that no "
+        "record was lost.",
+    )
+    p_demo.add_argument("--members", type=int, default=3, help="SDK members (default: 3)")
+    p_demo.add_argument(
+        "--partitions", type=int, default=6, help="partitions of the demo topic (default: 6)"
+    )
+    p_demo.add_argument(
+        "--step", type=float, default=1.0, help="seconds between demo steps (default: 1.0)"
+    )
+    p_demo.set_defaults(func=demo)
+    p_desc = sub.add_parser(
+        "describe",
+        help="a group's members, epochs and assignments (ConsumerGroupDescribe)",
+        description="Print a KIP-848 group's state, epochs and assignor, and per member its "
+        "epoch, client, and assigned versus target partitions (needs Kafka 4.0+).",
+    )
+    p_desc.add_argument("group", help="the consumer group id")
+    p_desc.add_argument(
+        "--bootstrap-servers", "-b", required=True, help="comma-separated host:port list"
+    )
+    p_desc.add_argument(
+        "--timeout", type=float, default=10.0, help="seconds to wait for the broker (default: 10)"
+    )
+    p_desc.set_defaults(func=describe)
+    p_plan = sub.add_parser(
+        "plan",
+        help="preview what a server-side assignor does, and what moves",
+        description="Run the broker's uniform or range assignor locally for N members "
+        "subscribed to the given topics, and explain what moves from --previous.",
+    )
+    p_plan.add_argument(
+        "--assignor",
+        default="uniform",
+        choices=["uniform", "range"],
+        help="server-side assignor (default: uniform)",
+    )
+    p_plan.add_argument("--members", type=int, default=3, help="members (default: 3)")
+    p_plan.add_argument(
+        "--topic",
+        action="append",
+        required=True,
+        metavar="NAME:PARTITIONS",
+        help="a subscribed topic and its partition count; repeat for several topics",
+    )
+    p_plan.add_argument(
+        "--previous",
+        metavar="FILE",
+        help='JSON file with the current assignment: {"member": {"topic": [partitions]}}',
+    )
+    p_plan.add_argument(
+        "--json", metavar="FILE", help="write the target assignment to this JSON file"
+    )
+    p_plan.set_defaults(func=plan)
+    sub.add_parser(
+        "simulate",
+        help="rehearse rebalances of many members in virtual time",
+        add_help=False,
+    )
+    return parser
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["simulate"]:  # its own parser and flags
         from consumer_sdk.simulation.cli import main as simulation_main
 
-        return simulation_main(argv[1:])
-    parser = argparse.ArgumentParser(prog="consumer-sdk", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-    p_demo = sub.add_parser("demo", help="run the demo on EmbeddedKafka")
-    p_demo.add_argument("--members", type=int, default=3, help="SDK members (default 3)")
-    p_demo.add_argument("--partitions", type=int, default=6)
-    p_demo.add_argument("--step", type=float, default=1.0, help="seconds between steps")
-    p_demo.set_defaults(func=demo)
-    p_desc = sub.add_parser("describe", help="describe a consumer group (ConsumerGroupDescribe)")
-    p_desc.add_argument("group")
-    p_desc.add_argument("--bootstrap-servers", "-b", required=True)
-    p_desc.add_argument("--timeout", type=float, default=10.0)
-    p_desc.set_defaults(func=describe)
-    p_plan = sub.add_parser("plan", help="preview a server-side assignment")
-    p_plan.add_argument("--assignor", default="uniform", choices=["uniform", "range"])
-    p_plan.add_argument("--members", type=int, default=3)
-    p_plan.add_argument("--topic", action="append", required=True, help="NAME:PARTITIONS")
-    p_plan.add_argument("--previous", help="JSON {member: {topic: [partitions]}}")
-    p_plan.add_argument("--json", help="write the target assignment to this file")
-    p_plan.set_defaults(func=plan)
-    sub.add_parser("simulate", help="rehearse rebalances in the simulator "
-                   "(flags of python -m consumer_sdk.simulation)")  # fmt: skip
-    args = parser.parse_args(argv)
+        return simulation_main(argv[1:], prog="consumer-sdk simulate")
+    args = build_parser().parse_args(argv)
     result: int = args.func(args)
     return result
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -64,4 +65,46 @@ def test_describe_reports_a_broker_without_consumer_group_describe(
                  "--timeout", "5"])  # fmt: skip
     assert code == 1
     err = capsys.readouterr().err
-    assert "describe 'some-group' failed" in err and "API 69" in err
+    assert "describe 'some-group' failed" in err and "ConsumerGroupDescribe (API 69)" in err
+
+
+def _parsers() -> list[tuple[str, argparse.ArgumentParser]]:
+    from consumer_sdk.cli import build_parser
+    from consumer_sdk.simulation.cli import build_parser as build_simulation_parser
+
+    parser = build_parser()
+    out = [("consumer-sdk", parser)]
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            out += [(f"consumer-sdk {n}", p) for n, p in action.choices.items() if n != "simulate"]
+    out.append(("consumer-sdk simulate", build_simulation_parser("consumer-sdk simulate")))
+    return out
+
+
+@pytest.mark.parametrize("name", [name for name, _ in _parsers()])
+def test_help_is_plain_text_and_covers_every_option(name: str) -> None:
+    parser = dict(_parsers())[name]
+    text = parser.format_help()
+    for markup in ("``", ":class:", ":meth:", ":func:", ":mod:", ":data:"):
+        assert markup not in text, f"{name} --help shows {markup!r}:\n{text}"
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for choice in action._choices_actions:
+                assert choice.help, f"{name}: command {choice.dest} has no help"
+            continue
+        assert action.help and action.help != argparse.SUPPRESS, (
+            f"{name}: {action.option_strings or action.dest} has no help"
+        )
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    import importlib.metadata
+
+    from consumer_sdk import __version__
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out.strip()
+    ck = importlib.metadata.version("confluent-kafka")
+    assert out == f"consumer-sdk {__version__} (kip848-consumer, confluent-kafka {ck})"

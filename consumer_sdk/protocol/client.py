@@ -387,7 +387,7 @@ class ClusterClient:
                 f"{where} lacks OffsetCommit v9 (member epochs; it offers {have}): "
                 "a pre-4.0 broker cannot commit offsets for a KIP-848 group"
             )
-        return f"{where} supports no version of API {api_key} that this SDK implements"
+        return f"{where} supports no version of {m.api_name(api_key)} that this SDK implements"
 
     def require_group_protocol(self, group_id: str, timeout_s: float | None = None) -> None:
         """Fail fast with a clear message when the coordinator cannot host a KIP-848 member."""

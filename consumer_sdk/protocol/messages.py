@@ -69,9 +69,11 @@ __all__ = [
     "API_CONSUMER_GROUP_HEARTBEAT",
     "API_FIND_COORDINATOR",
     "API_METADATA",
+    "API_NAMES",
     "API_OFFSET_COMMIT",
     "API_OFFSET_FETCH",
     "SUPPORTED_VERSIONS",
+    "api_name",
 ]
 
 API_OFFSET_COMMIT = 8
@@ -80,6 +82,24 @@ API_METADATA = 3
 API_FIND_COORDINATOR = 10
 API_CONSUMER_GROUP_HEARTBEAT = 68
 API_CONSUMER_GROUP_DESCRIBE = 69
+API_NAMES = {
+    API_METADATA: "Metadata",
+    API_OFFSET_COMMIT: "OffsetCommit",
+    API_OFFSET_FETCH: "OffsetFetch",
+    API_FIND_COORDINATOR: "FindCoordinator",
+    17: "SaslHandshake",
+    18: "ApiVersions",
+    36: "SaslAuthenticate",
+    API_CONSUMER_GROUP_HEARTBEAT: "ConsumerGroupHeartbeat",
+    API_CONSUMER_GROUP_DESCRIBE: "ConsumerGroupDescribe",
+}
+
+
+def api_name(api_key: int) -> str:
+    """``"ConsumerGroupDescribe (API 69)"``: the name users know, and the number brokers log."""
+    name = API_NAMES.get(api_key)
+    return f"{name} (API {api_key})" if name else f"API {api_key}"
+
 
 Call = tuple[RequestPayload, type[ResponsePayload]]
 

@@ -14,9 +14,9 @@ from consumer_sdk.simulation.shrink import format_failure, replay, shrink
 from consumer_sdk.simulation.trace import Trace
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(prog: str = "python -m consumer_sdk.simulation") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m consumer_sdk.simulation",
+        prog=prog,
         description="Deterministic virtual-time simulation of a KIP-848 consumer group: real "
         "member cores against a model of the group coordinator, with faults. Exits 1 if an "
         "invariant is violated.",
@@ -25,20 +25,57 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--partitions", type=int, default=60, help="partitions in total (default 60)")
     p.add_argument("--topics", type=int, default=0, help="topics (default: min(10, partitions))")
     p.add_argument("--minutes", type=float, default=10.0, help="virtual minutes (default 10)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--faults", choices=sorted(FAULT_MIXES), default="default")
-    p.add_argument("--assignor", choices=("uniform", "range"), default="uniform")
-    p.add_argument("--static-fraction", type=float, default=None)
-    p.add_argument("--regex-fraction", type=float, default=None)
-    p.add_argument("--poll-interval-ms", type=int, default=1_000)
+    p.add_argument(
+        "--seed", type=int, default=0, help="random seed; a run is a function of it (default 0)"
+    )
+    p.add_argument(
+        "--faults",
+        choices=sorted(FAULT_MIXES),
+        default="default",
+        help="fault mix: crashes, fencing, coordinator moves... (default: default)",
+    )
+    p.add_argument(
+        "--assignor",
+        choices=("uniform", "range"),
+        default="uniform",
+        help="server-side assignor (default: uniform)",
+    )
+    p.add_argument(
+        "--static-fraction",
+        type=float,
+        default=None,
+        help="share of members with a group.instance.id (default: the fault mix's)",
+    )
+    p.add_argument(
+        "--regex-fraction",
+        type=float,
+        default=None,
+        help="share of members subscribing by regex (default: the fault mix's)",
+    )
+    p.add_argument(
+        "--poll-interval-ms",
+        type=int,
+        default=1_000,
+        help="how often each simulated application polls (default 1000)",
+    )
     p.add_argument(
         "--rebalance-timeout-ms",
         type=int,
         default=60_000,
         help="the members' max.poll.interval.ms (default 60000)",
     )
-    p.add_argument("--session-timeout-ms", type=int, default=45_000)
-    p.add_argument("--heartbeat-interval-ms", type=int, default=5_000)
+    p.add_argument(
+        "--session-timeout-ms",
+        type=int,
+        default=45_000,
+        help="the coordinator's group.consumer.session.timeout.ms (default 45000)",
+    )
+    p.add_argument(
+        "--heartbeat-interval-ms",
+        type=int,
+        default=5_000,
+        help="the coordinator's group.consumer.heartbeat.interval.ms (default 5000)",
+    )
     p.add_argument(
         "--static-rejoin-in-place",
         action="store_true",
@@ -62,12 +99,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--trace-out", type=Path, help="write the (shrunk) trace of a failing run here")
     p.add_argument("--replay", type=Path, help="replay a trace file instead of generating a run")
     p.add_argument("--profile", action="store_true", help="print the top of a cProfile")
-    p.add_argument("-v", "--verbose", action="store_true")
+    p.add_argument("-v", "--verbose", action="store_true", help="log the members' INFO lines")
     return p
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
+    args = (build_parser(prog) if prog else build_parser()).parse_args(argv)
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.ERROR,
         format="%(levelname)s %(name)s: %(message)s",
