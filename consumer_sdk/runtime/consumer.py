@@ -2,20 +2,33 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import threading
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from confluent_kafka import Message, TopicPartition
+from confluent_kafka import (
+    OFFSET_INVALID,
+    OFFSET_STORED,
+    KafkaError,
+    KafkaException,
+    Message,
+    TopicPartition,
+)
+from confluent_kafka.admin._metadata import ClusterMetadata
 
-from consumer_sdk.membership import MemberState
+from consumer_sdk.membership import CloseOption, MemberState
+from consumer_sdk.runtime._librdkafka import write_group_metadata
 from consumer_sdk.runtime.fetcher import Fetcher
-from consumer_sdk.runtime.group_member import GroupMember, Partition
+from consumer_sdk.runtime.group_member import GroupMember, Partition, RebalanceCallback
 from consumer_sdk.runtime.offsets import OffsetAndMetadata
 
 __all__ = ["Consumer"]
+
+log = logging.getLogger("consumer_sdk.runtime")
 
 # The longest the application thread waits inside librdkafka before it looks for work the
 # background thread queued (callbacks, commits): the latency of noticing a rebalance.
@@ -29,6 +42,10 @@ _REBALANCING = frozenset(
 )  # fmt: skip
 
 
+def _error(code: int, message: str) -> KafkaException:
+    return KafkaException(KafkaError(code, message))
+
+
 class Consumer(GroupMember):
     """A drop-in familiar consumer: ``subscribe``, ``poll``/``consume``, ``commit``, ``close``.
 
@@ -37,9 +54,22 @@ class Consumer(GroupMember):
     unassigned from the fetcher, and their buffered records dropped, before ``on_revoke``
     returns; assigned partitions start at the group's committed offset, else
     ``auto.offset.reset``.
+
+    Instead of ``subscribe``, partitions can be assigned manually (``assign``,
+    ``incremental_assign``): the consumer then joins no group and sends no heartbeats, and
+    commits under ``group.id`` with generation -1, as confluent-kafka does.
     """
 
     def __init__(self, config: Mapping[str, Any]) -> None:
+        # Set before the background thread starts (it reads _manual).
+        # Manual assignment (assign/incremental_assign): partition -> offset as given.
+        self._manual: dict[Partition, int] = {}
+        self._subscribed = False
+        # Set while on_assign runs: start offsets of the partitions being assigned, which
+        # seek() and incremental_assign() inside the callback override.
+        self._assigning: dict[Partition, int | None] | None = None
+        # Set while on_revoke / on_lost runs: the partitions being released.
+        self._releasing: set[Partition] | None = None
         super().__init__(config)
         fetcher_config = self._config.fetcher_config()
         if "stats_cb" in fetcher_config:
@@ -144,6 +174,7 @@ class Consumer(GroupMember):
             self._fetcher.fence(parts)
 
     def _before_revoke(self, parts: list[Partition], lost: bool = False) -> None:
+        self._releasing = set(parts)
         if not parts:
             return
         self._fetcher.fence(parts)
@@ -164,18 +195,322 @@ class Consumer(GroupMember):
             owned = set(self._core.assigned_partitions)
         parts = sorted(set(parts) | (owned - self._fetcher.assigned()))
         if not parts:
+            self._assigning = {}
             return {}
         committed = self._fetch_committed(parts, self._request_timeout() * 5)
-        return {p: (o.offset if o is not None else None) for p, o in committed.items()}
+        starts = {p: (o.offset if o is not None else None) for p, o in committed.items()}
+        self._assigning = dict(starts)
+        return starts
 
     def _after_assign(self, starts: dict[Partition, int | None]) -> None:
+        # seek() / incremental_assign() offsets given inside on_assign win.
+        overrides, self._assigning = self._assigning or {}, None
+        starts = {p: overrides.get(p, o) for p, o in starts.items()}
         self._fetcher.assign(starts)
         # A pass that fenced partitions for revocation may end up keeping some of them.
         with self._core_lock:
             owned = set(self._core.assigned_partitions)
         self._fetcher.unfence(owned)
 
+    def _after_revoke(self, parts: list[Partition]) -> None:
+        self._releasing = None
+        super()._after_revoke(parts)
+
     def _close_data_plane(self, timeout: float) -> None:
         closer = threading.Thread(target=self._fetcher.close, daemon=True)
         closer.start()
         closer.join(timeout)
+
+    # -- drop-in API: manual assignment, seek, metadata ---------------------------------------
+
+    def _state_error(self, message: str) -> KafkaException:
+        return _error(KafkaError._STATE, message)
+
+    def subscribe(
+        self,
+        topics: Sequence[str] | str,
+        on_assign: RebalanceCallback | None = None,
+        on_revoke: RebalanceCallback | None = None,
+        on_lost: RebalanceCallback | None = None,
+    ) -> None:
+        """Subscribe to topic names, or to a regex given as a string starting with ``^``
+        (or a one-element list holding one). The group is joined on the next ``poll()``.
+
+        Raises ``KafkaException`` (_STATE) while partitions are assigned manually."""
+        self._ensure_usable()
+        if self._manual:
+            raise self._state_error(
+                "subscribe() on a consumer with a manual assignment: subscribing and "
+                "assign()/incremental_assign() are mutually exclusive; call unassign() first"
+            )
+        super().subscribe(topics, on_assign, on_revoke, on_lost)
+        self._subscribed = True
+
+    def unsubscribe(self, timeout: float = 30.0) -> None:
+        """Release the assignment (revoke callback) and leave the group; with a manual
+        assignment, drop it (as ``unassign()``)."""
+        self._ensure_usable()
+        if self._manual:
+            self.unassign()
+            return
+        super().unsubscribe(timeout)
+        self._subscribed = False
+
+    def assignment(self) -> list[TopicPartition]:
+        """Partitions this consumer owns: the manual assignment, else the group's."""
+        if self._manual:
+            return [TopicPartition(t, p) for t, p in sorted(self._manual)]
+        return super().assignment()
+
+    def _check_manual(self, method: str) -> None:
+        self._ensure_usable()
+        if self._subscribed:
+            raise self._state_error(
+                f"{method}() on a subscribed consumer: the group assigns its partitions "
+                "(KIP-848, incremental); use incremental_assign(partitions) inside on_assign "
+                "to choose start offsets, or unsubscribe() before assigning manually"
+            )
+
+    @staticmethod
+    def _keys(partitions: Sequence[TopicPartition], method: str) -> list[Partition]:
+        if isinstance(partitions, TopicPartition) or not isinstance(partitions, Sequence):
+            raise TypeError(f"{method}() takes a list of TopicPartition")
+        keys: list[Partition] = []
+        seen: set[Partition] = set()
+        for tp in partitions:
+            if not isinstance(tp, TopicPartition):
+                raise TypeError(f"{method}() takes a list of TopicPartition, got {tp!r}")
+            key = (tp.topic, tp.partition)
+            if key in seen:
+                raise _error(KafkaError._INVALID_ARG,
+                             f"Duplicate {tp.topic} [{tp.partition}] in input list")
+            seen.add(key)
+            keys.append(key)
+        return keys
+
+    def _start_manual(self, partitions: Sequence[TopicPartition]) -> None:
+        """Start fetching manually assigned partitions: an explicit offset (absolute or
+        logical) as given, else the group's committed offset, else auto.offset.reset."""
+        given = {(tp.topic, tp.partition): tp.offset for tp in partitions}
+        need = sorted(p for p, o in given.items() if o in (OFFSET_INVALID, OFFSET_STORED))
+        committed = self._fetch_committed(need, self._request_timeout() * 5) if need else {}
+        starts: dict[Partition, int | None] = {}
+        for p, offset in given.items():
+            if offset in (OFFSET_INVALID, OFFSET_STORED):
+                found = committed.get(p)
+                starts[p] = found.offset if found is not None else None
+            else:
+                starts[p] = offset
+        self._fetcher.assign(starts)
+        self._manual.update(given)
+
+    def _stop_manual(self, parts: list[Partition]) -> None:
+        """Stop fetching manually assigned partitions; with auto-commit, commit what was
+        consumed from them first (in the background, as librdkafka does on unassign)."""
+        if self._config.enable_auto_commit:
+            consumed = {p: o for p, o in self._consumed_offsets().items() if p in set(parts)}
+            if consumed:
+                self._async_commits.append(consumed)
+                self._wake()
+        self._fetcher.unassign(parts)
+        for p in parts:
+            self._manual.pop(p, None)
+        self._offsets.forget(set(parts))
+
+    def assign(self, partitions: Sequence[TopicPartition]) -> None:
+        """Replace the assignment with ``partitions`` (manual assignment, no group
+        membership) and start consuming.
+
+        Each partition starts at its ``offset`` if set (absolute, OFFSET_BEGINNING,
+        OFFSET_END or OFFSET_TAIL(n)), else at the group's committed offset, else
+        ``auto.offset.reset``. Raises ``KafkaException`` (_STATE) on a subscribed consumer.
+        """
+        self._ensure_usable()
+        keys = self._keys(partitions, "assign")
+        self._check_manual("assign")
+        wanted = set(keys)
+        gone = [p for p in self._manual if p not in wanted]
+        if gone:
+            self._stop_manual(gone)
+        # Partitions assigned again restart at the offsets given now.
+        again = [p for p in keys if p in self._manual]
+        if again:
+            self._fetcher.unassign(again)
+            for p in again:
+                self._manual.pop(p)
+        self._start_manual(partitions)
+
+    def unassign(self) -> None:
+        """Remove the manual assignment and stop consuming."""
+        self._check_manual("unassign")
+        if self._manual:
+            self._stop_manual(list(self._manual))
+
+    def incremental_assign(self, partitions: Sequence[TopicPartition]) -> None:
+        """Add ``partitions`` to the assignment, starting at their offsets as in
+        :meth:`assign`.
+
+        Inside ``on_assign`` of a subscribed consumer, the offsets set here choose where
+        the partitions being assigned start (the SDK assigns them after the callback
+        either way). Raises ``KafkaException``: _CONFLICT for a partition already
+        assigned, _STATE on a subscribed consumer outside ``on_assign``."""
+        self._ensure_usable()
+        keys = self._keys(partitions, "incremental_assign")
+        if self._assigning is not None:
+            extra = [p for p in keys if p not in self._assigning]
+            if extra:
+                raise self._state_error(
+                    f"incremental_assign() inside on_assign with partitions not being "
+                    f"assigned: {sorted(extra)}"
+                )
+            for tp in partitions:
+                if tp.offset not in (OFFSET_INVALID, OFFSET_STORED):
+                    self._assigning[(tp.topic, tp.partition)] = tp.offset
+            return
+        self._check_manual("incremental_assign")
+        for t, p in keys:
+            if (t, p) in self._manual:
+                raise _error(KafkaError._CONFLICT,
+                             f"{t} [{p}] is already part of the current assignment")
+        self._start_manual(partitions)
+
+    def incremental_unassign(self, partitions: Sequence[TopicPartition]) -> None:
+        """Remove ``partitions`` from the assignment (offsets are ignored).
+
+        Inside ``on_revoke`` / ``on_lost`` of a subscribed consumer it accepts the
+        partitions being revoked (the SDK releases them either way). Raises
+        ``KafkaException``: _INVALID_ARG for a partition not assigned, _STATE on a
+        subscribed consumer outside those callbacks."""
+        self._ensure_usable()
+        keys = self._keys(partitions, "incremental_unassign")
+        if self._releasing is not None:
+            extra = [p for p in keys if p not in self._releasing]
+            if extra:
+                raise self._state_error(
+                    f"incremental_unassign() inside on_revoke/on_lost with partitions not "
+                    f"being revoked: {sorted(extra)}"
+                )
+            return
+        self._check_manual("incremental_unassign")
+        if keys and not self._manual:
+            raise _error(KafkaError._INVALID_ARG, "Can't subtract from empty assignment")
+        for t, p in keys:
+            if (t, p) not in self._manual:
+                raise _error(KafkaError._INVALID_ARG,
+                             f"{t} [{p}] can't be unassigned since it is not in the current "
+                             "assignment")
+        self._stop_manual(keys)
+
+    def seek(self, partition: TopicPartition) -> None:
+        """Fetch ``partition`` from its ``offset`` next: absolute, OFFSET_BEGINNING,
+        OFFSET_END or OFFSET_TAIL(n).
+
+        Works on assigned partitions, inside ``on_assign`` (the partitions being assigned
+        start there instead of the committed offset) and before their first fetch.
+        Buffered records of the partition are dropped; :meth:`position` is unknown until
+        the next record. Raises ``KafkaException`` (_STATE) for a partition that is not
+        assigned, (_INVALID_ARG) for OFFSET_STORED / OFFSET_INVALID."""
+        self._ensure_usable()
+        if not isinstance(partition, TopicPartition):
+            raise TypeError(f"seek() takes a TopicPartition, got {partition!r}")
+        key = (partition.topic, partition.partition)
+        offset = partition.offset
+        if offset in (OFFSET_INVALID, OFFSET_STORED):
+            raise _error(KafkaError._INVALID_ARG,
+                         f"cannot seek {key[0]} [{key[1]}] to offset {offset}: give an absolute "
+                         "or a logical offset (OFFSET_BEGINNING, OFFSET_END, OFFSET_TAIL(n))")
+        if self._assigning is not None and key in self._assigning:
+            self._assigning[key] = offset
+            return
+        self._fetcher.seek(key, offset)
+
+    def get_watermark_offsets(
+        self, partition: TopicPartition, timeout: float | None = None, cached: bool = False
+    ) -> tuple[int, int] | None:
+        """Low and high offsets of ``partition`` (high = last offset + 1), or None on
+        timeout; ``cached`` uses the values learned while fetching. Answered by the
+        fetcher's ``confluent_kafka.Consumer``, with its semantics."""
+        self._ensure_usable()
+        args: dict[str, Any] = {"cached": cached}
+        if timeout is not None:
+            args["timeout"] = timeout
+        result: tuple[int, int] | None = self._fetcher.consumer.get_watermark_offsets(
+            partition, **args
+        )
+        return result
+
+    def offsets_for_times(
+        self, partitions: Sequence[TopicPartition], timeout: float | None = None
+    ) -> list[TopicPartition]:
+        """Per partition, the earliest offset whose timestamp is >= the timestamp (ms) in
+        its ``offset`` field (-1 past the last record). Answered by the fetcher's
+        ``confluent_kafka.Consumer``."""
+        self._ensure_usable()
+        args: dict[str, Any] = {} if timeout is None else {"timeout": timeout}
+        result: list[TopicPartition] = self._fetcher.consumer.offsets_for_times(
+            list(partitions), **args
+        )
+        return result
+
+    def list_topics(self, topic: str | None = None, timeout: float = -1) -> ClusterMetadata:
+        """Cluster metadata (brokers, topics, partitions) as confluent-kafka's
+        ``ClusterMetadata``, requested through the fetcher's ``confluent_kafka.Consumer``."""
+        self._ensure_usable()
+        metadata: ClusterMetadata = self._fetcher.consumer.list_topics(topic, timeout)
+        return metadata
+
+    def cluster_id(self, timeout: float = -1) -> str | None:
+        """The cluster id (KIP-78), from the fetcher's ``confluent_kafka.Consumer``."""
+        self._ensure_usable()
+        cluster: str | None = self._fetcher.consumer.cluster_id(timeout)
+        return cluster
+
+    def memberid(self) -> str:
+        """This member's id. With the consumer group protocol the client generates it at
+        construction (as librdkafka does), so it is set before joining too."""
+        self._ensure_usable()
+        return self.member_id
+
+    def consumer_group_metadata(self) -> bytes:
+        """The group metadata to pass to ``confluent_kafka.Producer.send_offsets_to_transaction``:
+        group id, member epoch (-1 outside the group, e.g. with manual assignment), member id
+        and group instance id, serialized by librdkafka as confluent-kafka's own
+        ``consumer_group_metadata()`` is. The broker refuses transactional offsets under an
+        epoch that is no longer the member's (zombie fencing)."""
+        self._ensure_usable()
+        with self._core_lock:
+            epoch, member_id = self._core.member_epoch, self._core.member_id
+        return write_group_metadata(
+            self.group_id, epoch if epoch > 0 else -1, member_id, self._config.group_instance_id
+        )
+
+    def _maybe_auto_commit(self) -> None:
+        if not self._manual:
+            super()._maybe_auto_commit()
+            return
+        c = self._config
+        if not c.enable_auto_commit or c.auto_commit_interval_ms <= 0:
+            return
+        if time.monotonic() - self._last_auto_commit < c.auto_commit_interval_ms / 1000:
+            return
+        self._last_auto_commit = time.monotonic()
+        manual = set(self._manual)
+        offsets = {p: o for p, o in self._consumed_offsets().items() if p in manual}
+        if offsets:
+            self._commit_logging_failures(offsets, "auto-commit")
+
+    def close(self, timeout: float = 10.0, option: CloseOption = CloseOption.DEFAULT) -> None:
+        """Commit (auto-commit), release the assignment, leave the group and stop.
+
+        With a manual assignment there is no group to leave: consumed offsets are committed
+        (auto-commit) and fetching stops. Always returns within ``timeout`` seconds."""
+        if not self._closed and self._manual and self._fatal is None:
+            if self._config.enable_auto_commit:
+                manual = set(self._manual)
+                offsets = {p: o for p, o in self._consumed_offsets().items() if p in manual}
+                with contextlib.suppress(Exception):
+                    self._commit_with_retries(
+                        offsets, time.monotonic() + max(timeout, 0.0) * 0.4, retry_stale=False
+                    )
+            self._manual.clear()
+        super().close(timeout, option)

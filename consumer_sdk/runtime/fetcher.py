@@ -13,7 +13,17 @@ import threading
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, Message, TopicPartition
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    OFFSET_END,
+    OFFSET_INVALID,
+    OFFSET_STORED,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    TopicPartition,
+)
 
 log = logging.getLogger("consumer_sdk.runtime")
 
@@ -34,6 +44,7 @@ class Fetcher:
         self._assigned: set[Partition] = set()
         self._positions: dict[Partition, int] = {}
         self._last: dict[Partition, Message] = {}
+        self._paused: set[Partition] = set()
         self._closed = False
         self.reset = str(config.get("auto.offset.reset", "latest"))
 
@@ -42,12 +53,15 @@ class Fetcher:
         return self._consumer
 
     def assign(self, starts: Mapping[Partition, int | None]) -> None:
-        """Start fetching ``starts`` (partition -> next offset; None = auto.offset.reset)."""
+        """Start fetching ``starts`` (partition -> next offset; None = auto.offset.reset).
+
+        Logical offsets (OFFSET_BEGINNING, OFFSET_END, OFFSET_TAIL(n)) are librdkafka's;
+        OFFSET_STORED and OFFSET_INVALID mean auto.offset.reset, like None."""
         if not starts:
             return
         tps = []
         for (topic, partition), offset in starts.items():
-            if offset is None or offset < 0:
+            if offset is None or offset in (OFFSET_INVALID, OFFSET_STORED):
                 offset = OFFSET_BEGINNING if self.reset == "earliest" else OFFSET_END
             tps.append(TopicPartition(topic, partition, offset))
         with self._lock:
@@ -72,6 +86,7 @@ class Fetcher:
                 self._fetchable.discard(p)
                 self._positions.pop(p, None)
                 self._last.pop(p, None)
+                self._paused.discard(p)
             if gone and not self._closed:
                 self._consumer.incremental_unassign([TopicPartition(t, p) for t, p in gone])
         if gone:
@@ -112,12 +127,45 @@ class Fetcher:
             tps = [TopicPartition(t, p) for t, p in partitions if (t, p) in self._assigned]
             if tps:
                 self._consumer.pause(tps)
+                self._paused.update((tp.topic, tp.partition) for tp in tps)
 
     def resume(self, partitions: Iterable[Partition]) -> None:
         with self._lock:
             tps = [TopicPartition(t, p) for t, p in partitions if (t, p) in self._assigned]
             if tps:
                 self._consumer.resume(tps)
+                self._paused.difference_update((tp.topic, tp.partition) for tp in tps)
+
+    def seek(self, partition: Partition, offset: int) -> None:
+        """Fetch ``partition`` from ``offset`` next (absolute or logical), dropping what was
+        buffered. Its position is unknown until the next record, as in librdkafka.
+
+        librdkafka refuses to seek a partition whose fetch has not started yet (its start
+        offset is still being applied); such a partition is restarted at ``offset``
+        instead, so a seek right after an assignment wins over the committed offset."""
+        topic, number = partition
+        tp = TopicPartition(topic, number, offset)
+        with self._lock:
+            if partition not in self._assigned:
+                raise KafkaException(
+                    KafkaError(
+                        KafkaError._STATE,
+                        f"cannot seek {topic} [{number}]: it is not assigned to this consumer",
+                    )
+                )
+            self._last.pop(partition, None)
+            self._positions.pop(partition, None)
+            try:
+                self._consumer.seek(tp)
+            except KafkaException as exc:
+                if exc.args[0].code() != KafkaError._STATE:
+                    raise
+                self._consumer.incremental_unassign([TopicPartition(topic, number)])
+                self._consumer.incremental_assign([tp])
+                if partition in self._paused:
+                    self._consumer.pause([TopicPartition(topic, number)])
+                log.debug("fetcher restarted %s [%d] at %d (seek before its first fetch)",
+                          topic, number, offset)  # fmt: skip
 
     def positions(self) -> dict[Partition, int]:
         """Next offset to deliver per partition (only partitions that have one)."""

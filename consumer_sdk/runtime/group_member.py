@@ -16,7 +16,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, Self
 
 from confluent_kafka import OFFSET_INVALID, KafkaError, KafkaException, Message, TopicPartition
 
@@ -553,7 +553,7 @@ class GroupMember:
     def _close_data_plane(self, timeout: float) -> None:
         return None
 
-    def __enter__(self) -> GroupMember:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -1,0 +1,353 @@
+"""The rest of confluent-kafka's Consumer API on EmbeddedKafka: manual assignment, seek,
+watermarks, offsets_for_times, metadata, member id and group metadata.
+
+Where confluent-kafka has the behaviour, the same script runs against a
+``confluent_kafka.Consumer`` (``group.protocol=consumer``) on the same cluster and the
+outcomes are compared.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import confluent_kafka
+import pytest
+from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, OFFSET_INVALID, KafkaError
+
+from consumer_sdk import Consumer, KafkaException, TopicPartition
+from consumer_sdk.runtime._librdkafka import read_group_metadata, write_group_metadata
+from consumer_sdk.testing import EmbeddedKafka
+from tests.runtime.harness import config, wait_for
+
+API_CONSUMER_GROUP_HEARTBEAT = 68
+API_JOIN_GROUP = 11
+
+Records = dict[int, list[int]]
+
+
+def _reference(kafka: EmbeddedKafka, group: str, **extra: Any) -> confluent_kafka.Consumer:
+    conf = config(kafka, group, **extra)
+    conf["group.protocol"] = "consumer"
+    return confluent_kafka.Consumer(conf)
+
+
+def _close(*consumers: Any) -> None:
+    for c in consumers:
+        with contextlib.suppress(Exception):
+            c.close()
+
+
+def _drain(consumer: Any, want: Callable[[Records], bool], what: str) -> Records:
+    """Poll until ``want(records)`` holds; records are offsets per partition, in order."""
+    got: Records = {}
+
+    def step() -> bool:
+        msg = consumer.poll(0.2)
+        if msg is not None:
+            assert msg.error() is None, msg.error()
+            got.setdefault(msg.partition(), []).append(msg.offset())
+        return want(got)
+
+    wait_for(step, timeout=30, what=what)
+    return got
+
+
+def _code(call: Callable[[], Any]) -> int | None:
+    try:
+        call()
+    except KafkaException as exc:
+        return int(exc.args[0].code())
+    return None
+
+
+def _has(n: dict[int, int]) -> Callable[[Records], bool]:
+    return lambda got: all(len(got.get(p, [])) >= k for p, k in n.items())
+
+
+def _script(consumer: Any, topic: str) -> list[Any]:
+    """One script of manual-assignment calls; returns everything observable."""
+    out: list[Any] = []
+    tp = TopicPartition
+    consumer.assign([tp(topic, 0), tp(topic, 1, 3)])
+    out.append(("assignment", sorted((p.topic, p.partition) for p in consumer.assignment())))
+    got = _drain(consumer, _has({0: 2, 1: 2}), "records from both partitions")
+    out.append(("starts", {p: offsets[:2] for p, offsets in got.items()}))
+    out.append(("error.incremental_assign.dup", _code(
+        lambda: consumer.incremental_assign([tp(topic, 0)]))))  # fmt: skip
+    out.append(("error.incremental_unassign.missing", _code(
+        lambda: consumer.incremental_unassign([tp(topic, 2)]))))  # fmt: skip
+    out.append(("error.seek.unassigned", _code(lambda: consumer.seek(tp(topic, 2, 1)))))
+    consumer.seek(tp(topic, 0, 2))
+    consumer.seek(tp(topic, 1, OFFSET_BEGINNING))
+    out.append(("position.after_seek", [p.offset for p in consumer.position(
+        [tp(topic, 0), tp(topic, 1)])]))  # fmt: skip
+    got = _drain(consumer, _has({0: 3, 1: 3}), "records after seeking")
+    out.append(("after_seek", {p: offsets[:3] for p, offsets in got.items()}))
+    consumer.incremental_unassign([tp(topic, 1)])
+    out.append(("assignment.after_unassign", sorted(
+        (p.topic, p.partition) for p in consumer.assignment())))  # fmt: skip
+    consumer.incremental_assign([tp(topic, 2, 15)])
+    got = _drain(consumer, lambda g: len(g.get(2, [])) >= 5, "partition 2 from offset 15")
+    out.append(("partition2", got[2][:5]))
+    consumer.seek(tp(topic, 2, OFFSET_END))
+    wait_for(lambda: consumer.poll(0.1) is None and consumer.poll(0.3) is None,
+             what="partition 2 at its end")  # fmt: skip
+    out.append(("watermarks", [consumer.get_watermark_offsets(tp(topic, p), timeout=10)
+                               for p in range(3)]))  # fmt: skip
+    out.append(("watermarks.cached", consumer.get_watermark_offsets(tp(topic, 2), cached=True)))
+    out.append(("offsets_for_times", [(p.partition, p.offset) for p in consumer.offsets_for_times(
+        [tp(topic, 0, 0), tp(topic, 1, int(time.time() * 1000) + 3_600_000)], timeout=10)]))
+    metadata = consumer.list_topics(topic, timeout=10)
+    out.append(("list_topics", sorted(metadata.topics[topic].partitions), len(metadata.brokers)))
+    out.append(("cluster_id", consumer.cluster_id()))
+    consumer.unassign()
+    out.append(("assignment.after_unassign_all", consumer.assignment()))
+    return out
+
+
+def test_manual_assignment_matches_confluent_kafka(embedded_kafka: EmbeddedKafka) -> None:
+    topic = "dropin-manual"
+    embedded_kafka.create_topic(topic, partitions=3)
+    for p in range(3):
+        embedded_kafka.produce(topic, [f"{p}-{i}".encode() for i in range(20)], partition=p)
+    sdk = Consumer(config(embedded_kafka, "dropin-manual-sdk", enable_auto_commit=False))
+    ref = _reference(embedded_kafka, "dropin-manual-ref", enable_auto_commit=False)
+    try:
+        # Both groups have a committed offset for partition 0 (the script assigns it without
+        # an offset, so it starts there).
+        for c in (sdk, ref):
+            c.commit(offsets=[TopicPartition(topic, 0, 7)], asynchronous=False)
+        embedded_kafka.clear_requests()
+        ours, theirs = _script(sdk, topic), _script(ref, topic)
+        assert ours == theirs
+        assert dict((k, v) for k, v, *_ in ours if not k.startswith("error"))["starts"] == {
+            0: [7, 8], 1: [3, 4]
+        }
+        assert [v for k, v, *_ in ours if k.startswith("error")] == [
+            KafkaError._CONFLICT, KafkaError._INVALID_ARG, KafkaError._STATE
+        ]
+        # Manual assignment is no group membership: no heartbeat, no join.
+        counts = embedded_kafka.request_counts()
+        assert counts.get(API_CONSUMER_GROUP_HEARTBEAT, 0) == 0, counts
+        assert counts.get(API_JOIN_GROUP, 0) == 0, counts
+    finally:
+        _close(sdk, ref)
+
+
+def test_manual_assignment_commits_under_the_group_id(embedded_kafka: EmbeddedKafka) -> None:
+    topic, group = "dropin-commit", "dropin-commit-g"
+    embedded_kafka.create_topic(topic, partitions=2)
+    embedded_kafka.produce(topic, [f"v{i}".encode() for i in range(30)], partition=0)
+    first = Consumer(config(embedded_kafka, group, auto_commit_interval_ms=200))
+    try:
+        first.assign([TopicPartition(topic, 0)])
+        got = _drain(first, _has({0: 12}), "12 records")
+        assert got[0][:12] == list(range(12))
+        # Auto-commit runs for a manual assignment too (generation -1).
+        wait_for(lambda: first.committed([TopicPartition(topic, 0)])[0].offset >= 12,
+                 what="the auto-commit of consumed offsets")  # fmt: skip
+        explicit = first.commit(offsets=[TopicPartition(topic, 1, 4)], asynchronous=False)
+        assert [(p.partition, p.offset) for p in explicit or []] == [(1, 4)]
+        _drain(first, lambda g: g.get(0, [-1])[-1] >= 19, "records up to offset 19")
+    finally:
+        first.close()
+    # close() committed what was consumed: a new consumer resumes there.
+    second = Consumer(config(embedded_kafka, group, enable_auto_commit=False))
+    try:
+        committed = second.committed([TopicPartition(topic, 0), TopicPartition(topic, 1)])
+        assert [p.offset for p in committed] == [20, 4]
+        second.assign([TopicPartition(topic, 0)])
+        assert _drain(second, _has({0: 1}), "the first record")[0][0] == 20
+    finally:
+        second.close()
+
+
+def test_subscribe_and_assign_are_mutually_exclusive(embedded_kafka: EmbeddedKafka) -> None:
+    topic = "dropin-mix"
+    embedded_kafka.create_topic(topic, partitions=2)
+    manual = Consumer(config(embedded_kafka, "dropin-mix-a"))
+    subscribed = Consumer(config(embedded_kafka, "dropin-mix-b"))
+    try:
+        manual.assign([TopicPartition(topic, 0)])
+        with pytest.raises(KafkaException, match="mutually exclusive") as info:
+            manual.subscribe([topic])
+        assert info.value.args[0].code() == KafkaError._STATE
+        manual.unassign()
+        manual.subscribe([topic])  # allowed once the manual assignment is gone
+
+        subscribed.subscribe([topic])
+        for call in (
+            lambda: subscribed.assign([TopicPartition(topic, 0)]),
+            lambda: subscribed.incremental_assign([TopicPartition(topic, 0)]),
+            lambda: subscribed.incremental_unassign([TopicPartition(topic, 0)]),
+            subscribed.unassign,
+        ):
+            with pytest.raises(KafkaException, match="subscribed consumer") as info:
+                call()
+            assert info.value.args[0].code() == KafkaError._STATE
+        with pytest.raises(KafkaException) as info:
+            manual.seek(TopicPartition(topic, 5, 0))
+        assert info.value.args[0].code() == KafkaError._STATE
+        with pytest.raises(KafkaException) as info:
+            manual.seek(TopicPartition(topic, 0, OFFSET_INVALID))
+        assert info.value.args[0].code() == KafkaError._INVALID_ARG
+        with pytest.raises(TypeError):
+            manual.assign(TopicPartition(topic, 0))  # type: ignore[arg-type]
+    finally:
+        _close(manual, subscribed)
+
+
+def test_seek_in_on_assign_and_before_the_first_fetch_wins_over_committed(
+    embedded_kafka: EmbeddedKafka,
+) -> None:
+    topic, group = "dropin-seek", "dropin-seek-g"
+    embedded_kafka.create_topic(topic, partitions=3)
+    for p in range(3):
+        embedded_kafka.produce(topic, [f"{p}-{i}".encode() for i in range(20)], partition=p)
+    setup = Consumer(config(embedded_kafka, group))
+    setup.commit(offsets=[TopicPartition(topic, p, 10) for p in range(3)], asynchronous=False)
+    setup.close()
+
+    assigned: list[TopicPartition] = []
+
+    def on_assign(consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        assigned.extend(partitions)
+        for tp in partitions:
+            if tp.partition == 0:
+                consumer.seek(TopicPartition(topic, 0, 2))
+        # confluent-kafka's way: incremental_assign inside on_assign with start offsets.
+        consumer.incremental_assign(
+            [TopicPartition(tp.topic, tp.partition, 5 if tp.partition == 1 else OFFSET_INVALID)
+             for tp in partitions]
+        )  # fmt: skip
+
+    consumer = Consumer(config(embedded_kafka, group, enable_auto_commit=False))
+    try:
+        consumer.subscribe([topic], on_assign=on_assign)
+        # Partition 2 keeps its committed start (10) in on_assign; seeking it right after the
+        # assignment, before anything was fetched from it, must still win.
+        early: list[Any] = []
+
+        def assigned_yet() -> bool:
+            msg = consumer.poll(0)
+            if msg is not None:
+                early.append(msg)
+            return len(assigned) == 3
+
+        wait_for(assigned_yet, what="the assignment")
+        consumer.seek(TopicPartition(topic, 2, 0))
+        got = _drain(consumer, _has({0: 1, 1: 1, 2: 1}), "records from every partition")
+        for msg in reversed(early):
+            got.setdefault(msg.partition(), []).insert(0, msg.offset())
+        first = {p: offsets[0] for p, offsets in got.items()}
+        assert first[0] == 2, "seek() inside on_assign wins over the committed offset"
+        assert first[1] == 5, "incremental_assign() offsets inside on_assign are used"
+        assert first[2] == 0, "seek() before the first fetch wins over the committed offset"
+    finally:
+        consumer.close()
+
+
+def test_seek_right_after_assignment_before_any_fetch(embedded_kafka: EmbeddedKafka) -> None:
+    """librdkafka refuses (_STATE) a seek before a partition's fetch started; the SDK
+    restarts the partition at the seek offset instead, so the seek wins."""
+    topic, group = "dropin-seek-early", "dropin-seek-early-g"
+    embedded_kafka.create_topic(topic, partitions=1)
+    embedded_kafka.produce(topic, [f"v{i}".encode() for i in range(20)], partition=0)
+    consumer = Consumer(config(embedded_kafka, group, enable_auto_commit=False))
+    try:
+        consumer.commit(offsets=[TopicPartition(topic, 0, 15)], asynchronous=False)
+        for target in (3, 11, 0):
+            consumer.assign([TopicPartition(topic, 0)])  # starts at the committed 15
+            consumer.seek(TopicPartition(topic, 0, target))
+            got = _drain(consumer, _has({0: 2}), f"records after seeking to {target}")
+            assert got[0][:2] == [target, target + 1]
+            consumer.unassign()
+    finally:
+        consumer.close()
+
+
+def test_member_id_and_group_metadata(embedded_kafka: EmbeddedKafka) -> None:
+    topic, group = "dropin-cgmd", "dropin-cgmd-g"
+    embedded_kafka.create_topic(topic, partitions=2)
+    sdk = Consumer(config(embedded_kafka, group, group_instance_id="inst-1"))
+    ref = _reference(embedded_kafka, group + "-ref")
+    try:
+        member_id = sdk.memberid()
+        assert member_id and member_id == sdk.member_id
+        # Outside the group (as confluent-kafka before joining): generation -1.
+        ours = read_group_metadata(sdk.consumer_group_metadata())
+        assert ours.group_id == group and ours.generation_id == -1
+        assert ours.member_id == member_id and ours.group_instance_id == "inst-1"
+        theirs = ref.consumer_group_metadata()
+        parsed = read_group_metadata(theirs)
+        assert parsed.generation_id == -1 and parsed.member_id == ref.memberid()
+        assert write_group_metadata(parsed.group_id, -1, parsed.member_id, None) == theirs
+
+        sdk.subscribe([topic])
+        wait_for(lambda: sdk.poll(0.1) is None and len(sdk.assignment()) == 2,
+                 what="the SDK member owning both partitions")  # fmt: skip
+        joined = read_group_metadata(sdk.consumer_group_metadata())
+        assert joined.generation_id == sdk.member_epoch > 0
+        assert joined.member_id == member_id
+    finally:
+        _close(sdk, ref)
+
+
+def test_transactional_offsets_on_embedded_kafka(embedded_kafka: EmbeddedKafka) -> None:
+    """The group metadata is accepted by a transactional producer's
+    send_offsets_to_transaction. (The mock answers TxnOffsetCommit without storing the
+    offsets, so exactly-once and committed offsets are tested on the real broker.)"""
+    src, dst, group = "dropin-txn-in", "dropin-txn-out", "dropin-txn-g"
+    embedded_kafka.create_topic(src, partitions=1)
+    embedded_kafka.create_topic(dst, partitions=1)
+    embedded_kafka.produce(src, [f"v{i}".encode() for i in range(10)], partition=0)
+    consumer = Consumer(config(embedded_kafka, group, enable_auto_commit=False))
+    producer = confluent_kafka.Producer(
+        {"bootstrap.servers": embedded_kafka.bootstrap_servers, "transactional.id": "dropin-tx"}
+    )
+    try:
+        producer.init_transactions(30)
+        consumer.subscribe([src])
+        got = _drain(consumer, _has({0: 10}), "10 records")
+        assert got[0] == list(range(10))
+        producer.begin_transaction()
+        producer.produce(dst, b"copy")
+        producer.send_offsets_to_transaction(
+            consumer.position(consumer.assignment()), consumer.consumer_group_metadata(), 30
+        )
+        producer.commit_transaction(30)
+        with pytest.raises(confluent_kafka.KafkaException, match=r"group metadata|buffer"):
+            producer.begin_transaction()
+            producer.send_offsets_to_transaction(
+                consumer.position(consumer.assignment()), b"not group metadata", 30
+            )
+        producer.abort_transaction(30)
+    finally:
+        _close(consumer)
+        producer.flush(5)
+
+
+def test_context_manager_gives_a_consumer(tmp_path: Path) -> None:
+    """``with Consumer(...) as c`` is typed as ``Consumer`` (mypy sees its methods)."""
+    snippet = tmp_path / "snippet.py"
+    snippet.write_text(textwrap.dedent("""
+        from consumer_sdk import Consumer, TopicPartition
+
+        def use(config: dict[str, str]) -> str:
+            with Consumer(config) as c:
+                c.seek(TopicPartition("t", 0, 1))
+                return c.memberid()
+    """))
+    result = subprocess.run(
+        [sys.executable, "-m", "mypy", "--strict", "--no-incremental",
+         "--follow-imports=silent", str(snippet)],
+        capture_output=True, text=True, timeout=300, cwd=Path(__file__).parents[2],
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
