@@ -348,7 +348,7 @@ class Consumer(GroupMember):
 
     def incremental_assign(self, partitions: Sequence[TopicPartition]) -> None:
         """Add ``partitions`` to the assignment, starting at their offsets as in
-        :meth:`assign`.
+        ``assign()``.
 
         Inside ``on_assign`` of a subscribed consumer, the offsets set here choose where
         the partitions being assigned start (the SDK assigns them after the callback
@@ -407,7 +407,7 @@ class Consumer(GroupMember):
 
         Works on assigned partitions, inside ``on_assign`` (the partitions being assigned
         start there instead of the committed offset) and before their first fetch.
-        Buffered records of the partition are dropped; :meth:`position` is unknown until
+        Buffered records of the partition are dropped; ``position()`` is unknown until
         the next record. Raises ``KafkaException`` (_STATE) for a partition that is not
         assigned, (_INVALID_ARG) for OFFSET_STORED / OFFSET_INVALID."""
         self._ensure_usable()
@@ -483,6 +483,16 @@ class Consumer(GroupMember):
         return write_group_metadata(
             self.group_id, epoch if epoch > 0 else -1, member_id, self._config.group_instance_id
         )
+
+    def set_sasl_credentials(self, username: str, password: str) -> None:
+        """Replace the SASL PLAIN/SCRAM username and password, for the group connections and
+        the fetcher's. They are used the next time a connection authenticates; established
+        connections are not dropped (as confluent-kafka)."""
+        self._ensure_usable()
+        if not isinstance(username, str) or not isinstance(password, str):
+            raise TypeError("set_sasl_credentials() takes a username and a password (str)")
+        self._client.set_sasl_credentials(username, password)
+        self._fetcher.consumer.set_sasl_credentials(username, password)
 
     def _maybe_auto_commit(self) -> None:
         if not self._manual:

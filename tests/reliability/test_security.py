@@ -227,3 +227,27 @@ def test_credentials_never_appear_in_repr_logs_metrics_or_exceptions(
     assert "SASL SCRAM-SHA-256 authentication" in text, "the failure was logged and raised"
     for secret in (PASSWORD, WRONG, "key-Pa55word-"):
         assert secret not in text, f"{secret!r} leaked"
+
+
+def test_set_sasl_credentials_applies_to_the_next_authentication(
+    kafka: EmbeddedKafka, certs: dict[str, Certificates]
+) -> None:
+    """Started with a wrong password, the consumer fails to authenticate; after
+    set_sasl_credentials() both its group connections and its fetcher's get in."""
+    with proxy(kafka, certs["good"], sasl=True) as px:
+        consumer = Consumer(config(f"localhost:{px.port}", "sec-set-creds",
+                                   **sasl(certs["good"].ca, "SCRAM-SHA-256", WRONG)))  # fmt: skip
+        app = App(consumer)
+        try:
+            consumer.subscribe(["sec"])
+            app.poll_until(lambda: app.errors, timeout=20, what="the authentication failure")
+            assert app.errors[0].args[0].code() == KafkaError.SASL_AUTHENTICATION_FAILED
+            assert px.authenticated == []
+            consumer.set_sasl_credentials(USER, PASSWORD)
+            values = sorted(app.next_record(timeout=30).value() for _ in range(4))
+            assert values == [b"r0", b"r1", b"r2", b"r3"]
+            assert len(px.authenticated) >= 2, "the SDK's and the fetcher's connections"
+            with pytest.raises(TypeError):
+                consumer.set_sasl_credentials(USER, None)  # type: ignore[arg-type]
+        finally:
+            assert timed_close(consumer) < 5.5
