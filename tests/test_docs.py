@@ -104,3 +104,43 @@ def test_one_nav_entry_per_page() -> None:
     assert len(listed) == len(set(listed)), f"a page is listed twice: {listed}"
     on_disk = {p.name for p in (ROOT / "docs").glob("*.md")}
     assert set(listed) == on_disk, f"nav vs docs/: {sorted(set(listed) ^ on_disk)}"
+
+
+def _table(page: str, first_header: str) -> list[list[str]]:
+    """The rows of the Markdown table whose header starts with ``| first_header |``."""
+    lines = (ROOT / "docs" / page).read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"| {first_header} |"))
+    rows = []
+    for line in lines[start + 2 :]:
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip().strip("`") for cell in line.strip("|").split("|")])
+    return rows
+
+
+def test_metrics_page_matches_the_code() -> None:
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    from consumer_sdk import GroupMember
+    from consumer_sdk.membership.metrics import MembershipMetrics
+    from consumer_sdk.observability.otel import instrument
+
+    rows = _table("metrics.md", "Metric")
+    documented = {row[0]: row[1] for row in rows}
+    assert len(documented) == len(rows), "a metric is listed twice"
+    code = set(MembershipMetrics().snapshot(0))
+    assert set(documented) == code, f"page vs code: {sorted(set(documented) ^ code)}"
+    assert all(row[2] for row in rows), "every metric has a meaning"
+
+    member = GroupMember({"bootstrap.servers": "127.0.0.1:9", "group.id": "metrics-page"})
+    try:
+        assert set(member.metrics()) == code
+        handle = instrument(member, meter_provider=MeterProvider([InMemoryMetricReader()]))
+        instruments = {g.name for g in handle._gauges}
+        assert set(documented.values()) == instruments
+        handle.uninstrument()
+        fields = {row[0] for row in _table("metrics.md", "Field")}
+        assert fields == set(member.group_stats()), sorted(fields ^ set(member.group_stats()))
+    finally:
+        member.close(timeout=2.0)

@@ -6,16 +6,29 @@
     handle.uninstrument()
 
 Metrics keep the Java consumer's names under ``kafka.consumer.coordinator.*`` (e.g.
-``kafka.consumer.coordinator.rebalance_latency_avg``). Spans follow the OpenTelemetry
-messaging semantic conventions: ``receive <topic>`` for each record ``poll()`` returns,
-``process <topic>`` for work the application wraps with `Instrumentation.process`,
-and ``commit`` (operation type ``settle``) for synchronous commits.
+``kafka.consumer.coordinator.rebalance_latency_avg``); a metric without samples (an average
+before the first rebalance) is not reported rather than reported as NaN. Spans follow the
+OpenTelemetry messaging semantic conventions (name ``{messaging.operation.name} {topic}``):
+
+| span | kind | operation name / type | emitted for |
+| --- | --- | --- | --- |
+| `poll <topic>` | CLIENT | `poll` / `receive` | a `poll()` that returned a record |
+| `consume <topic>` | CLIENT | `consume` / `receive` | a `consume()` that returned records |
+| `process <topic>` | CONSUMER | `process` / `process` | `with handle.process(msg):` |
+| `commit` | CLIENT | `commit` / `settle` | a synchronous `commit()` |
+
+``consume`` spans carry ``messaging.batch.message_count`` and drop the topic from their name
+when the records come from several topics.
+
+A `poll`/`consume`/`commit` that raises ends its span with status ERROR and ``error.type``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import math
+import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -47,6 +60,16 @@ def _record_attributes(member: GroupMember, msg: Any) -> dict[str, Any]:
     }
 
 
+def _error_type(exc: Exception) -> str:
+    """The Kafka error name (``UNKNOWN_MEMBER_ID``) when there is one, else the class name."""
+    error = exc.args[0] if exc.args else None
+    name = getattr(error, "name", None)
+    if callable(name):
+        with contextlib.suppress(Exception):
+            return str(name())
+    return type(exc).__qualname__
+
+
 class Instrumentation:
     """What `instrument` installed on one consumer; `uninstrument` removes it."""
 
@@ -64,7 +87,9 @@ class Instrumentation:
                     description=f"consumer-coordinator-metrics {name}",
                 )
             )
-        self._wrap("poll", self._poll)
+        self._wrap("poll", self._receive("poll", batch=False))
+        if hasattr(member, "consume"):
+            self._wrap("consume", self._receive("consume", batch=True))
         self._wrap("commit", self._commit)
 
     def _observe(self, name: str, options: CallbackOptions) -> Iterable[Observation]:
@@ -73,29 +98,81 @@ class Instrumentation:
         except Exception:
             return []
         attrs = {"messaging.consumer.group.name": self.member.group_id}
-        return [] if value is None else [Observation(value, attrs)]
+        # NaN means "no samples in the window": the OTel SDK would warn on every collection.
+        if value is None or not math.isfinite(value):
+            return []
+        return [Observation(value, attrs)]
 
     def _wrap(self, name: str, make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
         original = getattr(self.member, name)
         self._originals[name] = original
         setattr(self.member, name, make(original))
 
-    def _poll(self, original: Callable[..., Any]) -> Callable[..., Any]:
-        def poll(*args: Any, **kwargs: Any) -> Any:
-            msg = original(*args, **kwargs)
-            if msg is not None and msg.error() is None:
-                with self.tracer.start_as_current_span(
-                    f"receive {msg.topic()}",
-                    kind=SpanKind.CONSUMER,
-                    attributes={
-                        **_record_attributes(self.member, msg),
-                        "messaging.operation.type": "receive",
-                    },
-                ):
-                    pass
-            return msg
+    def _receive(
+        self, operation: str, batch: bool
+    ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        """Wrap ``poll`` (one record) or ``consume`` (a list): one receive span per call that
+        returned records, spanning the call itself."""
 
-        return poll
+        def make(original: Callable[..., Any]) -> Callable[..., Any]:
+            def receive(*args: Any, **kwargs: Any) -> Any:
+                started = time.time_ns()
+                try:
+                    result = original(*args, **kwargs)
+                except Exception as exc:
+                    self._failed_span(operation, "receive", started, exc)
+                    raise
+                records = [m for m in (result if batch else [result]) if m is not None]
+                records = [m for m in records if m.error() is None]
+                if records:
+                    self._receive_span(operation, started, records, batch)
+                return result
+
+            return receive
+
+        return make
+
+    def _receive_span(self, operation: str, started: int, records: list[Any], batch: bool) -> None:
+        topics = {m.topic() for m in records}
+        attributes: dict[str, Any] = {
+            "messaging.system": "kafka",
+            "messaging.operation.name": operation,
+            "messaging.operation.type": "receive",
+            "messaging.consumer.group.name": self.member.group_id,
+            "messaging.client.id": self.member.member_id,
+        }
+        name = operation
+        if len(topics) == 1:
+            topic = next(iter(topics))
+            name = f"{operation} {topic}"
+            attributes["messaging.destination.name"] = topic
+            partitions = {m.partition() for m in records}
+            if len(partitions) == 1:
+                attributes["messaging.destination.partition.id"] = str(next(iter(partitions)))
+        if batch:
+            attributes["messaging.batch.message_count"] = len(records)
+        else:
+            attributes["messaging.kafka.offset"] = records[0].offset()
+        span = self.tracer.start_span(
+            name, kind=SpanKind.CLIENT, attributes=attributes, start_time=started
+        )
+        span.end()
+
+    def _failed_span(self, operation: str, kind: str, started: int, exc: Exception) -> None:
+        span = self.tracer.start_span(
+            operation,
+            kind=SpanKind.CLIENT,
+            start_time=started,
+            attributes={
+                "messaging.system": "kafka",
+                "messaging.operation.name": operation,
+                "messaging.operation.type": kind,
+                "messaging.consumer.group.name": self.member.group_id,
+                "error.type": _error_type(exc),
+            },
+        )
+        span.set_status(Status(StatusCode.ERROR, str(exc)))
+        span.end()
 
     def _commit(self, original: Callable[..., Any]) -> Callable[..., Any]:
         def commit(*args: Any, **kwargs: Any) -> Any:
@@ -106,6 +183,7 @@ class Instrumentation:
                 kind=SpanKind.CLIENT,
                 attributes={
                     "messaging.system": "kafka",
+                    "messaging.operation.name": "commit",
                     "messaging.operation.type": "settle",
                     "messaging.consumer.group.name": self.member.group_id,
                     "messaging.kafka.member_epoch": self.member.member_epoch,
@@ -114,6 +192,7 @@ class Instrumentation:
                 try:
                     return original(*args, **kwargs)
                 except Exception as exc:
+                    span.set_attribute("error.type", _error_type(exc))
                     span.set_status(Status(StatusCode.ERROR, str(exc)))
                     raise
 
@@ -127,6 +206,7 @@ class Instrumentation:
             kind=SpanKind.CONSUMER,
             attributes={
                 **_record_attributes(self.member, msg),
+                "messaging.operation.name": "process",
                 "messaging.operation.type": "process",
             },
         ) as span:

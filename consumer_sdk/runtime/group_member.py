@@ -110,7 +110,9 @@ class GroupMember:
             ),
             on_state_change=self._on_state_change,
         )
-        self._offsets = OffsetManager(self._client, c.group_id, c.group_instance_id)
+        self._offsets = OffsetManager(
+            self._client, c.group_id, c.group_instance_id, on_commit=self._record_commit
+        )
         self._on_assign: RebalanceCallback | None = None
         self._on_revoke: RebalanceCallback | None = None
         self._on_lost: RebalanceCallback | None = None
@@ -185,6 +187,10 @@ class GroupMember:
             "member_id": self.member_id,
             "member_epoch": self.member_epoch,
         }
+
+    def _record_commit(self, latency_ms: int) -> None:
+        with self._core_lock:
+            self._core.metrics.record_commit(_now_ms(), latency_ms)
 
     def metrics(self) -> dict[str, float]:
         """The Java consumer's ``consumer-coordinator-metrics`` by name."""

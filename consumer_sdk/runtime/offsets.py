@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from consumer_sdk.domain import OffsetCommitPartition, OffsetCommitRequest, OffsetFetchRequest
@@ -59,10 +60,17 @@ class CommitFailedError(KafkaException):
 class OffsetManager:
     """Commits and fetches offsets for one group through the cluster client."""
 
-    def __init__(self, client: ClusterClient, group_id: str, instance_id: str | None) -> None:
+    def __init__(
+        self,
+        client: ClusterClient,
+        group_id: str,
+        instance_id: str | None,
+        on_commit: Callable[[int], None] | None = None,
+    ) -> None:
         self._client = client
         self.group_id = group_id
         self.instance_id = instance_id
+        self._on_commit = on_commit  # latency (ms) of each answered OffsetCommit
         self._lock = threading.Lock()
         self._committed: dict[Partition, int] = {}
 
@@ -102,7 +110,10 @@ class OffsetManager:
                 for (t, p), o in sorted(todo.items())
             ),
         )
+        started = time.monotonic()
         results = self._client.offset_commit(request, timeout_s)
+        if self._on_commit is not None:
+            self._on_commit(round((time.monotonic() - started) * 1000))
         failed = [r for r in results if r.error_code != 0]
         committed = {
             (r.topic, r.partition): todo[(r.topic, r.partition)].offset
