@@ -14,11 +14,34 @@ injection, KIP-848 group settings and request tracking:
 The pytest plugin `consumer_sdk.testing.pytest_plugin` (registered through the
 ``pytest11`` entry point) provides the ``embedded_kafka`` and ``embedded_kafka_factory``
 fixtures.
+
+:class:`KafkaCluster` runs the real thing: Apache Kafka >= 4.0 (KRaft, 1 or 3 nodes) from a
+distribution directory (``KAFKA_HOME``), with node faults (stop, SIGKILL, SIGSTOP) and the
+same topic/produce/group helpers; the plugin's ``real_kafka`` and ``real_kafka_cluster``
+fixtures start it.
 """
 
 from __future__ import annotations
 
 from consumer_sdk.testing._embedded import EmbeddedKafka, EmbeddedKafkaError, MockRequest
 from consumer_sdk.testing._helpers import close_client, wait_until
+from consumer_sdk.testing.kafka_cluster import (
+    DockerKafka,
+    GroupDescription,
+    GroupMemberDescription,
+    KafkaCluster,
+    KafkaClusterError,
+)
 
-__all__ = ["EmbeddedKafka", "EmbeddedKafkaError", "MockRequest", "close_client", "wait_until"]
+__all__ = [
+    "DockerKafka",
+    "EmbeddedKafka",
+    "EmbeddedKafkaError",
+    "GroupDescription",
+    "GroupMemberDescription",
+    "KafkaCluster",
+    "KafkaClusterError",
+    "MockRequest",
+    "close_client",
+    "wait_until",
+]

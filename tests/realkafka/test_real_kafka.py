@@ -1,6 +1,6 @@
-"""Consumer scenarios against a real Kafka 4.x, plus what the embedded cluster cannot model:
-sticky `uniform` assignment, rebalance on partition increase, RE2J full-match regex
-subscription, UNRELEASED_INSTANCE_ID and ConsumerGroupDescribe."""
+"""Consumer scenarios against a real Kafka 4.x (the session's ``real_kafka``), plus what the
+embedded cluster cannot model: sticky `uniform` assignment, rebalance on partition increase,
+RE2J full-match regex subscription, UNRELEASED_INSTANCE_ID and ConsumerGroupDescribe."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
 
 from consumer_sdk import Consumer, KafkaException, MemberState
-from consumer_sdk.protocol.client import ClusterClient
+from consumer_sdk.testing import KafkaCluster
 from tests.runtime.harness import Member, Timeline, wait_for
 
 pytestmark = pytest.mark.realkafka
@@ -38,15 +38,20 @@ def _config(servers: str, group: str, **extra: Any) -> dict[str, Any]:
 
 
 @pytest.fixture
-def admin(real_kafka: str) -> AdminClient:
-    return AdminClient({"bootstrap.servers": real_kafka})
+def servers(real_kafka: KafkaCluster) -> str:
+    return real_kafka.bootstrap_servers
 
 
-def test_members_share_and_consume_everything(real_kafka: str, admin: AdminClient) -> None:
+@pytest.fixture
+def admin(real_kafka: KafkaCluster) -> AdminClient:
+    return real_kafka.admin()
+
+
+def test_members_share_and_consume_everything(servers: str, admin: AdminClient) -> None:
     topic, group = _topic(admin, 6), f"g-{uuid.uuid4().hex[:6]}"
-    _produce(real_kafka, topic, 300)
+    _produce(servers, topic, 300)
     timeline = Timeline()
-    members = [Member(f"m{i}", _config(real_kafka, group), [topic], timeline) for i in range(3)]
+    members = [Member(f"m{i}", _config(servers, group), [topic], timeline) for i in range(3)]
     try:
         wait_for(lambda: sum(len(m.owned) for m in members) == 6 and all(m.owned for m in members),
                  timeout=60)  # fmt: skip
@@ -57,15 +62,15 @@ def test_members_share_and_consume_everything(real_kafka: str, admin: AdminClien
             m.stop()
 
 
-def test_uniform_assignment_is_sticky(real_kafka: str, admin: AdminClient) -> None:
+def test_uniform_assignment_is_sticky(servers: str, admin: AdminClient) -> None:
     topic, group = _topic(admin, 6), f"g-{uuid.uuid4().hex[:6]}"
     timeline = Timeline()
-    a = Member("a", _config(real_kafka, group, group_remote_assignor="uniform"), [topic], timeline)
-    b = Member("b", _config(real_kafka, group, group_remote_assignor="uniform"), [topic], timeline)
+    a = Member("a", _config(servers, group, group_remote_assignor="uniform"), [topic], timeline)
+    b = Member("b", _config(servers, group, group_remote_assignor="uniform"), [topic], timeline)
     try:
         wait_for(lambda: len(a.owned) == 3 and len(b.owned) == 3, timeout=60)
         before_a = set(a.owned)
-        c = Member("c", _config(real_kafka, group, group_remote_assignor="uniform"), [topic],
+        c = Member("c", _config(servers, group, group_remote_assignor="uniform"), [topic],
                    timeline)  # fmt: skip
         wait_for(lambda: len(a.owned) == len(b.owned) == len(c.owned) == 2, timeout=60)
         assert a.owned <= before_a, "uniform keeps a member's partitions while rebalancing"
@@ -75,9 +80,9 @@ def test_uniform_assignment_is_sticky(real_kafka: str, admin: AdminClient) -> No
         b.stop()
 
 
-def test_partition_increase_triggers_a_rebalance(real_kafka: str, admin: AdminClient) -> None:
+def test_partition_increase_triggers_a_rebalance(servers: str, admin: AdminClient) -> None:
     topic, group = _topic(admin, 2), f"g-{uuid.uuid4().hex[:6]}"
-    m = Member("m", _config(real_kafka, group), [topic], Timeline())
+    m = Member("m", _config(servers, group), [topic], Timeline())
     try:
         wait_for(lambda: len(m.owned) == 2, timeout=60)
         for future in admin.create_partitions([NewPartitions(topic, 4)]).values():
@@ -87,12 +92,12 @@ def test_partition_increase_triggers_a_rebalance(real_kafka: str, admin: AdminCl
         m.stop()
 
 
-def test_regex_subscription_is_a_full_match(real_kafka: str, admin: AdminClient) -> None:
+def test_regex_subscription_is_a_full_match(servers: str, admin: AdminClient) -> None:
     prefix = f"rx{uuid.uuid4().hex[:6]}"
     t1 = _topic(admin, 1, prefix)
     group = f"g-{uuid.uuid4().hex[:6]}"
-    anchored_only = Member("x", _config(real_kafka, group + "x"), [f"^{prefix}"], Timeline())
-    full = Member("y", _config(real_kafka, group), [f"^{prefix}.*"], Timeline())
+    anchored_only = Member("x", _config(servers, group + "x"), [f"^{prefix}"], Timeline())
+    full = Member("y", _config(servers, group), [f"^{prefix}.*"], Timeline())
     try:
         wait_for(lambda: full.owned == {(t1, 0)}, timeout=60)
         assert anchored_only.owned == set(), "RE2J full match: '^prefix' matches no topic"
@@ -102,11 +107,11 @@ def test_regex_subscription_is_a_full_match(real_kafka: str, admin: AdminClient)
 
 
 def test_second_live_static_instance_gets_unreleased_instance_id(
-    real_kafka: str, admin: AdminClient
+    servers: str, admin: AdminClient
 ) -> None:
     topic, group = _topic(admin, 2), f"g-{uuid.uuid4().hex[:6]}"
-    first = Member("a", _config(real_kafka, group, group_instance_id="i-1"), [topic], Timeline())
-    second = Consumer(_config(real_kafka, group, group_instance_id="i-1"))
+    first = Member("a", _config(servers, group, group_instance_id="i-1"), [topic], Timeline())
+    second = Consumer(_config(servers, group, group_instance_id="i-1"))
     try:
         wait_for(lambda: len(first.owned) == 2, timeout=60)
         second.subscribe([topic])
@@ -119,17 +124,16 @@ def test_second_live_static_instance_gets_unreleased_instance_id(
         first.stop()
 
 
-def test_consumer_group_describe(real_kafka: str, admin: AdminClient) -> None:
+def test_consumer_group_describe(real_kafka: KafkaCluster, admin: AdminClient) -> None:
     topic, group = _topic(admin, 3), f"g-{uuid.uuid4().hex[:6]}"
-    m = Member("m", _config(real_kafka, group), [topic], Timeline())
+    m = Member("m", _config(real_kafka.bootstrap_servers, group), [topic], Timeline())
     try:
         wait_for(lambda: len(m.owned) == 3, timeout=60)
-        with ClusterClient({"bootstrap.servers": real_kafka}) as client:
-            described = wait_for(lambda: client.describe_group(group, 10), timeout=30)
-        [member] = described["members"]
-        assert member["member_id"] == m.consumer.member_id
-        assert member["member_epoch"] == m.consumer.member_epoch
-        assert sorted(p for ps in member["assignment"].values() for p in ps) == [0, 1, 2]
-        assert described["state"].lower() == "stable"
+        described = wait_for(lambda: real_kafka.describe_group(group), timeout=30)
+        [member] = described.members
+        assert member.member_id == m.consumer.member_id
+        assert member.member_epoch == m.consumer.member_epoch
+        assert member.partitions == {(topic, p) for p in range(3)}
+        assert described.state.lower() == "stable"
     finally:
         m.stop()
