@@ -15,7 +15,7 @@ The pytest plugin `consumer_sdk.testing.pytest_plugin` (registered through the
 ``pytest11`` entry point) provides the ``embedded_kafka`` and ``embedded_kafka_factory``
 fixtures.
 
-:class:`KafkaCluster` runs the real thing: Apache Kafka >= 4.0 (KRaft, 1 or 3 nodes) from a
+`KafkaCluster` runs the real thing: Apache Kafka >= 4.0 (KRaft, 1 or 3 nodes) from a
 distribution directory (``KAFKA_HOME``), with node faults (stop, SIGKILL, SIGSTOP) and the
 same topic/produce/group helpers; the plugin's ``real_kafka`` and ``real_kafka_cluster``
 fixtures start it.

@@ -524,7 +524,7 @@ class _ClusterOps:
     ) -> int:
         """Produce ``values`` (acks=all) and return the count delivered.
 
-        Same shape as :meth:`EmbeddedKafka.produce`: bytes, str (UTF-8) or None values, or
+        Same shape as `EmbeddedKafka.produce`: bytes, str (UTF-8) or None values, or
         ``(key, value)`` tuples overriding ``key``; a lone bytes/str is one message. Raises
         KafkaClusterError if any message is not delivered within ``timeout``.
         """
@@ -700,7 +700,7 @@ class KafkaCluster(_ClusterOps):
             (``group.consumer.*``; the min/max bounds are widened so short values are valid).
         listeners: extra client listeners ``{name: security_protocol}`` (``SSL``,
             ``SASL_PLAINTEXT``, ``SASL_SSL``, ``PLAINTEXT``), each on its own free port of every
-            node; see :meth:`bootstrap_for`. Inter-broker traffic stays on PLAINTEXT.
+            node; see `bootstrap_for`. Inter-broker traffic stays on PLAINTEXT.
         server_properties: extra ``server.properties`` entries appended to every node's
             config (they win over the defaults), e.g. ``ssl.keystore.location`` or
             ``listener.name.sasl_ssl.plain.sasl.jaas.config``.
@@ -1084,7 +1084,7 @@ class KafkaCluster(_ClusterOps):
         node.paused = True
 
     def resume_node(self, node_id: int) -> None:
-        """SIGCONT a node paused by :meth:`pause_node`."""
+        """SIGCONT a node paused by `pause_node`."""
         self._check_open()
         node = self._node(node_id)
         if node.proc is None or not node.running():
@@ -1181,7 +1181,7 @@ class DockerKafka(_ClusterOps):
     """A single real Kafka 4.x node in a Docker container (testcontainers, ``apache/kafka``).
 
     The fallback backend where no ``KAFKA_HOME`` is available: topic, data and group
-    operations as on :class:`KafkaCluster`; node faults need :class:`KafkaCluster`.
+    operations as on `KafkaCluster`; node faults need `KafkaCluster`.
     """
 
     def __init__(

@@ -17,12 +17,12 @@ Fixtures:
 
 ``real_kafka``
     Session-scoped single-node real Kafka (heartbeat 500 ms, session timeout 6000 ms): a
-    :class:`~consumer_sdk.testing.KafkaCluster` from ``KAFKA_HOME``, else a
-    :class:`~consumer_sdk.testing.DockerKafka` container where a Docker engine is reachable,
+    `KafkaCluster` from ``KAFKA_HOME``, else a
+    `DockerKafka` container where a Docker engine is reachable,
     else the test is skipped with the reason (also printed in the summary).
 
 ``real_kafka_cluster``
-    Module-scoped 3-node :class:`~consumer_sdk.testing.KafkaCluster` (needs ``KAFKA_HOME``),
+    Module-scoped 3-node `KafkaCluster` (needs ``KAFKA_HOME``),
     for tests where a node must stop, die or hang.
 
 ``kafka_backend``
