@@ -1,4 +1,8 @@
-"""Consumers of this SDK in groups on EmbeddedKafka: ownership, delivery, faults, commits."""
+"""Consumers of this SDK in groups on EmbeddedKafka: ownership, delivery, faults, commits.
+
+Tests taking ``kafka_backend`` run on EmbeddedKafka and on the real broker (they need no
+mock-only fault).
+"""
 
 from __future__ import annotations
 
@@ -11,7 +15,7 @@ import pytest
 
 from consumer_sdk import CloseOption, Consumer, KafkaException, MemberState, TopicPartition
 from consumer_sdk.errors import ConfigError
-from consumer_sdk.testing import EmbeddedKafka
+from consumer_sdk.testing import EmbeddedKafka, KafkaCluster
 from tests.runtime.harness import Member, Timeline, config, wait_for
 
 
@@ -29,23 +33,25 @@ def disjoint_cover(members: list[Member], topic: str, partitions: int) -> bool:
     return total == partitions and owned_union(members) == {(topic, p) for p in range(partitions)}
 
 
-def test_three_members_then_a_fourth_joins_and_one_leaves(embedded_kafka: EmbeddedKafka) -> None:
+def test_three_members_then_a_fourth_joins_and_one_leaves(
+    kafka_backend: EmbeddedKafka | KafkaCluster,
+) -> None:
     topic, group = "rt-scale", "rt-scale-g"
-    embedded_kafka.create_topic(topic, partitions=6)
-    embedded_kafka.produce(topic, [f"a{i}".encode() for i in range(300)])
+    kafka_backend.create_topic(topic, partitions=6)
+    kafka_backend.produce(topic, [f"a{i}".encode() for i in range(300)])
     timeline = Timeline()
-    members = [Member(f"m{i}", config(embedded_kafka, group), [topic], timeline) for i in range(3)]
+    members = [Member(f"m{i}", config(kafka_backend, group), [topic], timeline) for i in range(3)]
     try:
         wait_for(lambda: disjoint_cover(members, topic, 6) and all(m.owned for m in members),
                  what="3 members owning disjoint partitions that cover the topic")  # fmt: skip
-        embedded_kafka.produce(topic, [f"b{i}".encode() for i in range(300)])
-        members.append(Member("m3", config(embedded_kafka, group), [topic], timeline))
+        kafka_backend.produce(topic, [f"b{i}".encode() for i in range(300)])
+        members.append(Member("m3", config(kafka_backend, group), [topic], timeline))
         wait_for(lambda: disjoint_cover(members, topic, 6) and all(m.owned for m in members),
                  what="4 members sharing the topic")  # fmt: skip
         leaver = members[1]
         leaver.stop()
         assert leaver.consumer.state is MemberState.UNSUBSCRIBED
-        embedded_kafka.produce(topic, [f"c{i}".encode() for i in range(300)])
+        kafka_backend.produce(topic, [f"c{i}".encode() for i in range(300)])
         rest = [m for m in members if m is not leaver]
         wait_for(lambda: disjoint_cover(rest, topic, 6), what="the leaver's partitions moving")
         wait_for(lambda: len(set(all_records(members))) == 900, what="all 900 records consumed")
@@ -58,14 +64,16 @@ def test_three_members_then_a_fourth_joins_and_one_leaves(embedded_kafka: Embedd
             m.stop()
 
 
-def test_mixed_group_with_confluent_kafka_consumer(embedded_kafka: EmbeddedKafka) -> None:
+def test_mixed_group_with_confluent_kafka_consumer(
+    kafka_backend: EmbeddedKafka | KafkaCluster,
+) -> None:
     topic, group = "rt-mixed", "rt-mixed-g"
-    embedded_kafka.create_topic(topic, partitions=4)
+    kafka_backend.create_topic(topic, partitions=4)
     timeline = Timeline()
-    ours = Member("sdk", config(embedded_kafka, group), [topic], timeline)
+    ours = Member("sdk", config(kafka_backend, group), [topic], timeline)
     theirs_owned: set[tuple[str, int]] = set()
     theirs = confluent_kafka.Consumer(
-        {**config(embedded_kafka, group), "group.protocol": "consumer"}
+        {**config(kafka_backend, group), "group.protocol": "consumer"}
     )
 
     def their_assign(c: Any, parts: list[TopicPartition]) -> None:
@@ -91,7 +99,7 @@ def test_mixed_group_with_confluent_kafka_consumer(embedded_kafka: EmbeddedKafka
         assert not (ours.owned & theirs_owned)
         ours.stop()
         wait_for(lambda: len(theirs_owned) == 4, what="confluent-kafka taking over on leave")
-        ours2 = Member("sdk2", config(embedded_kafka, group), [topic], timeline)
+        ours2 = Member("sdk2", config(kafka_backend, group), [topic], timeline)
         wait_for(lambda: len(ours2.owned) == 2 and len(theirs_owned) == 2, what="rebalance back")
         stop.set()
         driver.join(5)
@@ -176,12 +184,14 @@ def test_coordinator_down_shorter_and_longer_than_the_session(
         member.stop()
 
 
-def test_poll_interval_exceeded_goes_stale_then_rejoins(embedded_kafka: EmbeddedKafka) -> None:
+def test_poll_interval_exceeded_goes_stale_then_rejoins(
+    kafka_backend: EmbeddedKafka | KafkaCluster,
+) -> None:
     topic, group = "rt-stale", "rt-stale-g"
-    embedded_kafka.create_topic(topic, partitions=2)
+    kafka_backend.create_topic(topic, partitions=2)
     states: list[MemberState] = []
     member = Member(
-        "m", config(embedded_kafka, group, max_poll_interval_ms=1500), [topic], Timeline()
+        "m", config(kafka_backend, group, max_poll_interval_ms=1500), [topic], Timeline()
     )
     try:
         wait_for(lambda: len(member.owned) == 2, what="initial assignment")
@@ -197,19 +207,21 @@ def test_poll_interval_exceeded_goes_stale_then_rejoins(embedded_kafka: Embedded
         member.stop()
 
 
-def test_static_member_restart_keeps_its_partitions(embedded_kafka: EmbeddedKafka) -> None:
+def test_static_member_restart_keeps_its_partitions(
+    kafka_backend: EmbeddedKafka | KafkaCluster,
+) -> None:
     topic, group = "rt-static", "rt-static-g"
-    embedded_kafka.create_topic(topic, partitions=4)
+    kafka_backend.create_topic(topic, partitions=4)
     timeline = Timeline()
-    a = Member("a", config(embedded_kafka, group, group_instance_id="inst-a"), [topic], timeline)
-    b = Member("b", config(embedded_kafka, group, group_instance_id="inst-b"), [topic], timeline)
+    a = Member("a", config(kafka_backend, group, group_instance_id="inst-a"), [topic], timeline)
+    b = Member("b", config(kafka_backend, group, group_instance_id="inst-b"), [topic], timeline)
     try:
         wait_for(lambda: len(a.owned) == 2 and len(b.owned) == 2, what="2/2 split")
         before = set(a.owned)
         a.stop()  # static: leaves with epoch -2, partitions stay reserved
         time.sleep(1.0)
         assert len(b.owned) == 2, "a static member's partitions must not move on a -2 leave"
-        a2 = Member("a2", config(embedded_kafka, group, group_instance_id="inst-a"), [topic],
+        a2 = Member("a2", config(kafka_backend, group, group_instance_id="inst-a"), [topic],
                     timeline)  # fmt: skip
         wait_for(lambda: a2.owned == before, what="the restarted static member's partitions")
         a2.stop(option=CloseOption.LEAVE_GROUP)
@@ -220,13 +232,13 @@ def test_static_member_restart_keeps_its_partitions(embedded_kafka: EmbeddedKafk
 
 
 def test_unsubscribe_leaves_and_close_is_bounded_and_idempotent(
-    embedded_kafka: EmbeddedKafka,
+    kafka_backend: EmbeddedKafka | KafkaCluster,
 ) -> None:
     topic, group = "rt-unsub", "rt-unsub-g"
-    embedded_kafka.create_topic(topic, partitions=2)
+    kafka_backend.create_topic(topic, partitions=2)
     timeline = Timeline()
-    a = Member("a", config(embedded_kafka, group), [topic], timeline)
-    b = Member("b", config(embedded_kafka, group), [topic], timeline)
+    a = Member("a", config(kafka_backend, group), [topic], timeline)
+    b = Member("b", config(kafka_backend, group), [topic], timeline)
     try:
         wait_for(lambda: len(a.owned) == 1 and len(b.owned) == 1, what="1/1 split")
         a.pause_polling()
@@ -245,18 +257,20 @@ def test_unsubscribe_leaves_and_close_is_bounded_and_idempotent(
         b.stop()
 
 
-def test_committed_offsets_equal_what_was_processed(embedded_kafka: EmbeddedKafka) -> None:
+def test_committed_offsets_equal_what_was_processed(
+    kafka_backend: EmbeddedKafka | KafkaCluster,
+) -> None:
     topic, group = "rt-commit", "rt-commit-g"
-    embedded_kafka.create_topic(topic, partitions=3)
-    embedded_kafka.produce(topic, [f"v{i}".encode() for i in range(150)])
-    member = Member("m", config(embedded_kafka, group, enable_auto_commit=False), [topic],
+    kafka_backend.create_topic(topic, partitions=3)
+    kafka_backend.produce(topic, [f"v{i}".encode() for i in range(150)])
+    member = Member("m", config(kafka_backend, group, enable_auto_commit=False), [topic],
                     Timeline(), on_record=lambda m, msg: m.consumer.commit(msg))  # fmt: skip
     wait_for(lambda: len(member.records) == 150, what="150 records")
     member.stop()
     last: dict[int, int] = {}
     for _, p, o, _ in member.records:
         last[p] = max(last.get(p, -1), o)
-    checker = Consumer(config(embedded_kafka, group))
+    checker = Consumer(config(kafka_backend, group))
     try:
         committed = checker.committed([TopicPartition(topic, p) for p in range(3)])
         assert {tp.partition: tp.offset for tp in committed} == {p: o + 1 for p, o in last.items()}
