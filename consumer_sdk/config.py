@@ -8,14 +8,28 @@ librdkafka keys pass through to the data plane's ``confluent_kafka.Consumer``.
 from __future__ import annotations
 
 import difflib
+import logging
 import re
-from collections.abc import Callable, Mapping
+import time
+from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+import confluent_kafka
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
 
 from consumer_sdk.errors import ConfigError
-from consumer_sdk.protocol.security import ConnectionSettings, parse_bootstrap_servers
+from consumer_sdk.protocol.security import (
+    ConnectionSettings,
+    parse_bool,
+    parse_bootstrap_servers,
+)
 
 __all__ = ["FETCHER_KEYS", "FORBIDDEN_KEYS", "ConsumerConfig"]
 
@@ -58,9 +72,6 @@ FETCHER_KEYS = frozenset(
         "ssl.cipher.suites",
         "ssl.curves.list",
         "ssl.sigalgs.list",
-        "ssl.ca.pem",
-        "ssl.certificate.pem",
-        "ssl.key.pem",
     }
 )
 
@@ -79,15 +90,29 @@ _CONNECTION_KEYS = frozenset(
         "ssl.certificate.location",
         "ssl.key.location",
         "ssl.key.password",
+        "ssl.ca.pem",
+        "ssl.certificate.pem",
+        "ssl.key.pem",
+        "ssl.keystore.location",
+        "ssl.keystore.password",
         "ssl.endpoint.identification.algorithm",
         "enable.ssl.certificate.verification",
         "sasl.mechanism",
         "sasl.mechanisms",
         "sasl.username",
         "sasl.password",
+        "sasl.oauthbearer.config",
+        "sasl.oauthbearer.method",
+        "sasl.oauthbearer.client.id",
+        "sasl.oauthbearer.client.secret",
+        "sasl.oauthbearer.token.endpoint.url",
+        "sasl.oauthbearer.scope",
+        "sasl.oauthbearer.extensions",
+        "enable.sasl.oauthbearer.unsecure.jwt",
+        "https.ca.location",
     }
 )
-_CALLBACK_KEYS = frozenset({"error_cb", "stats_cb", "logger", "throttle_cb"})
+_CALLBACK_KEYS = frozenset({"error_cb", "stats_cb", "logger", "throttle_cb", "oauth_cb"})
 
 _OFFSET_RESET = {
     "earliest": "earliest",
@@ -128,7 +153,7 @@ class ConsumerConfig(BaseModel):
 
     connection: ConnectionSettings = Field(exclude=True)
     fetcher_overrides: dict[str, Any] = Field(default_factory=dict, exclude=True)
-    callbacks: dict[str, Callable[..., Any]] = Field(default_factory=dict, exclude=True)
+    callbacks: dict[str, Any] = Field(default_factory=dict, exclude=True)
     raw_connection: dict[str, Any] = Field(default_factory=dict, exclude=True, repr=False)
 
     @field_validator("group_id")
@@ -168,7 +193,7 @@ class ConsumerConfig(BaseModel):
         model_keys: dict[str, Any] = {}
         connection_keys: dict[str, Any] = {}
         fetcher: dict[str, Any] = {}
-        callbacks: dict[str, Callable[..., Any]] = {}
+        callbacks: dict[str, Any] = {}
         for key, value in config.items():
             if not isinstance(key, str):
                 raise ConfigError(f"configuration keys must be strings, got {key!r}")
@@ -177,10 +202,18 @@ class ConsumerConfig(BaseModel):
                     f"{key}: not allowed with the consumer group protocol (KIP-848): "
                     f"{FORBIDDEN_KEYS[key]}"
                 )
-            if key in _CALLBACK_KEYS:
+            if key == "logger":
+                if not isinstance(value, logging.Logger | logging.LoggerAdapter):
+                    raise ConfigError(
+                        f"logger: expected a logging.Logger, got {type(value).__name__}"
+                    )
+                callbacks[key] = value
+            elif key in _CALLBACK_KEYS:
                 if not callable(value):
                     raise ConfigError(f"{key}: expected a callable, got {type(value).__name__}")
                 callbacks[key] = value
+                if key == "oauth_cb":
+                    connection_keys[key] = value  # the group connection's token source too
             elif key in FETCHER_KEYS:
                 fetcher[key] = value
             elif key in _CONNECTION_KEYS:
@@ -201,7 +234,7 @@ class ConsumerConfig(BaseModel):
         parse_bootstrap_servers(config["bootstrap.servers"])
         connection = ConnectionSettings.from_config(connection_keys)
         try:
-            return cls.model_validate(
+            parsed = cls.model_validate(
                 {
                     **model_keys,
                     "connection": connection,
@@ -212,6 +245,31 @@ class ConsumerConfig(BaseModel):
             )
         except ValidationError as exc:
             raise ConfigError(_describe(exc, cls)) from None
+        _check_with_librdkafka(parsed.fetcher_config(), config)
+        return parsed
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _strict_scalars(cls, value: object, info: ValidationInfo) -> object:
+        """Integers and booleans as librdkafka takes them, nothing looser: an int or a string
+        of digits for integers (not True, not 1.5); true/false/t/f/1/0 for booleans."""
+        field = cls.model_fields.get(info.field_name or "")
+        annotation = field.annotation if field is not None else None
+        if annotation is bool:
+            parsed = parse_bool(value)
+            if parsed is None:
+                raise ValueError("expected true or false")
+            return parsed
+        if annotation is int or annotation == int | None:
+            if value is None and annotation is not int:
+                return value
+            if isinstance(value, bool) or not isinstance(value, int | str):
+                raise ValueError(f"expected an integer, not {type(value).__name__}")
+            if isinstance(value, str):
+                if not re.fullmatch(r"\s*[+-]?\d+\s*", value):
+                    raise ValueError("expected an integer")
+                return int(value)
+        return value
 
     def fetcher_config(self) -> dict[str, Any]:
         """Settings for the assign-only ``confluent_kafka.Consumer`` data plane."""
@@ -230,8 +288,37 @@ class ConsumerConfig(BaseModel):
                 "auto.offset.reset": self.auto_offset_reset,
             }
         )
-        conf.update(self.callbacks)  # error_cb, stats_cb, logger, throttle_cb: librdkafka's own
+        conf.update(self.callbacks)  # error_cb, stats_cb, logger, throttle_cb, oauth_cb
         return conf
+
+
+_PROBE_LOGGER = logging.getLogger("consumer_sdk.config.probe")
+_PROBE_LOGGER.addHandler(logging.NullHandler())
+_PROBE_LOGGER.propagate = False
+_LIBRDKAFKA_KEY = re.compile(r'(?:property|for) "([^"]+)"|`([a-z.]+)`')
+
+
+def _check_with_librdkafka(fetcher_conf: Mapping[str, Any], original: Mapping[str, Any]) -> None:
+    """Let librdkafka validate the fetcher's settings now, at construction, so a bad value
+    (``isolation.level='serializable'``) is a ConfigError naming the key, not a failure
+    later inside the consumer. The probe has no bootstrap servers: it never connects."""
+    conf = {k: v for k, v in fetcher_conf.items() if k not in _CALLBACK_KEYS}
+    conf.pop("bootstrap.servers", None)
+    conf["logger"] = _PROBE_LOGGER
+    if "oauth_cb" in fetcher_conf:
+        conf["oauth_cb"] = lambda _config: ("probe", time.time() + 3600)
+    try:
+        probe = confluent_kafka.Consumer(conf)
+    except (confluent_kafka.KafkaException, ValueError, TypeError) as exc:
+        error = exc.args[0] if exc.args else exc
+        text = error.str() if isinstance(error, confluent_kafka.KafkaError) else str(error)
+        text = text.removeprefix("Failed to create consumer: ")
+        match = _LIBRDKAFKA_KEY.search(text)
+        key = next((g for g in match.groups() if g), None) if match else None
+        if key is not None and key in original:
+            raise ConfigError(f"{key}: invalid value {original[key]!r}: {text}") from None
+        raise ConfigError(f"invalid configuration: {text}") from None
+    probe.close()
 
 
 #: Every key ``ConsumerConfig.from_mapping`` accepts (hosts that pass options through, such

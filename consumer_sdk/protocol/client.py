@@ -189,6 +189,7 @@ class ClusterClient:
         tls_failed = False
         rounds = 0
         while True:
+            tls_failures = 0
             for index, (host, port) in enumerate(self.bootstrap):
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
@@ -206,7 +207,14 @@ class ClusterClient:
                                error=str(exc))  # fmt: skip
                     errors.append(f"{host}:{port}: {exc.args[0].str()}")
                     tls_failed = isinstance(exc, TlsHandshakeError)
+                    tls_failures += tls_failed
             remaining = deadline - time.monotonic()
+            if tls_failures == len(self.bootstrap):
+                # Every server completed TCP but refused TLS (e.g. certificate verification):
+                # a configuration problem to report now, not after the whole timeout.
+                raise TlsHandshakeError(
+                    f"TLS handshake failed with every bootstrap server; last error: {errors[-1]}"
+                )
             if remaining <= 0:
                 servers = ", ".join(f"{h}:{p}" for h, p in self.bootstrap)
                 last = errors[-1] if errors else "no attempt fit in the timeout"

@@ -2,13 +2,16 @@
 
 One request is in flight per connection (a lock serializes callers). Any framing problem,
 timeout or socket error closes the connection, so a late or garbled response can never be
-read as the answer to a later request; the caller reconnects.
+read as the answer to a later request; the caller reconnects. A SASL session with a lifetime
+(KIP-368) is renewed by re-authenticating on the same connection before it ends.
 """
 
 from __future__ import annotations
 
 import contextlib
+import datetime
 import logging
+import random
 import socket
 import ssl
 import threading
@@ -47,7 +50,13 @@ from consumer_sdk.protocol.framing import (
     encode_request,
     parse_frame_length,
 )
-from consumer_sdk.protocol.sasl import SaslError, mechanism_client
+from consumer_sdk.protocol.oauth import oauthbearer_initial_message
+from consumer_sdk.protocol.sasl import (
+    OAuthBearerClient,
+    SaslError,
+    SaslMechanismClient,
+    mechanism_client,
+)
 from consumer_sdk.protocol.security import ConnectionSettings
 
 __all__ = ["BrokerConnection", "TlsHandshakeError", "pick_version"]
@@ -94,10 +103,13 @@ class BrokerConnection:
         self.node_id = node_id
         self.settings = settings
         self._sock: socket.socket | None = None
-        self._lock = threading.Lock()
+        # Re-entrant: a KIP-368 re-authentication holds it across its whole exchange.
+        self._lock = threading.RLock()
         self._correlation_id = 0
         self.api_versions: dict[int, tuple[int, int]] = {}
         self.api_versions_version: int | None = None
+        self._reauth_at: float | None = None
+        self.reauthentications = 0
 
     def __repr__(self) -> str:
         state = "open" if self._sock is not None else "closed"
@@ -173,6 +185,8 @@ class BrokerConnection:
         self, payload: RequestPayload, response_type: type[R], timeout_s: float | None = None
     ) -> R:
         """Send ``payload`` and return its decoded response."""
+        if self._reauth_at is not None:
+            self._maybe_reauthenticate(timeout_s)
         frame, cid = self._roundtrip(payload, timeout_s)
         try:
             return decode_response(frame, response_type, cid)
@@ -285,8 +299,10 @@ class BrokerConnection:
             return rejected - 1
 
     def _authenticate(self, deadline: float) -> None:
+        """SaslHandshake + SaslAuthenticate; with a session lifetime from the broker (KIP-368),
+        schedule the re-authentication that keeps this connection open past it."""
         s = self.settings
-        assert s.sasl_username is not None and s.sasl_password is not None
+        self._reauth_at = None
         handshake = self.request(
             SaslHandshakeRequest(mechanism=s.sasl_mechanism),
             SaslHandshakeResponse,
@@ -298,8 +314,20 @@ class BrokerConnection:
                 f"broker {self.host}:{self.port} does not enable SASL mechanism "
                 f"{s.sasl_mechanism} (it offers: {offered})"
             )
-        mech = mechanism_client(s.sasl_mechanism, s.sasl_username, s.sasl_password.reveal())
+        mech: SaslMechanismClient
+        if s.sasl_mechanism == "OAUTHBEARER":
+            assert s.oauth is not None
+            token = s.oauth.token()
+            who = token.principal or f"the {s.oauth.describe} token"
+            mech = OAuthBearerClient(oauthbearer_initial_message(token))
+        else:
+            username, password = s.credentials.get()
+            if username is None or password is None:
+                raise SaslError(f"SASL {s.sasl_mechanism}: no sasl.username / sasl.password set")
+            who = username
+            mech = mechanism_client(s.sasl_mechanism, username, password.reveal())
         message: bytes | None = mech.first()
+        lifetime_ms = 0
         while message is not None:
             response = self.request(
                 SaslAuthenticateRequest(auth_bytes=message),
@@ -307,10 +335,55 @@ class BrokerConnection:
                 max(deadline - time.monotonic(), 0.001),
             )
             if response.error_code != 0:
+                detail = response.error_message or ErrorCode.name_of(response.error_code)
+                if isinstance(mech, OAuthBearerClient):
+                    assert s.oauth is not None
+                    s.oauth.invalidate()
+                    if mech.server_error:
+                        detail = f"{detail} (server said: {mech.server_error})"
                 raise SaslError(
-                    f"SASL {s.sasl_mechanism} authentication as {s.sasl_username!r} failed: "
-                    f"{response.error_message or ErrorCode.name_of(response.error_code)}"
+                    f"SASL {s.sasl_mechanism} authentication as {who!r} failed: {detail}"
                 )
+            lifetime_ms = _lifetime_ms(response.session_lifetime)
             message = mech.step(response.auth_bytes)
             if message is None and isinstance(response.auth_bytes, bytes):
                 break
+        if lifetime_ms > 0:
+            # Java's rule: re-authenticate at a random 85-95% of the session lifetime.
+            fraction = 0.85 + 0.10 * random.random()
+            self._reauth_at = time.monotonic() + lifetime_ms / 1000 * fraction
+            log.debug("%s:%s: SASL session lifetime %d ms; re-authenticating in %.1f s",
+                      self.host, self.port, lifetime_ms,
+                      self._reauth_at - time.monotonic())  # fmt: skip
+
+    def _maybe_reauthenticate(self, timeout_s: float | None) -> None:
+        """KIP-368: re-authenticate on this connection before the broker's session ends."""
+        reauth_at = self._reauth_at
+        if reauth_at is None or time.monotonic() < reauth_at:
+            return
+        budget = self.settings.connection_setup_timeout_ms / 1000
+        if timeout_s is not None:
+            budget = min(budget, max(timeout_s, 1.0))
+        with self._lock:  # no other request may interleave with the exchange
+            if self._reauth_at is None or self._sock is None:
+                return
+            try:
+                self._authenticate(time.monotonic() + budget)
+            except BaseException:
+                self.close()
+                raise
+        self.reauthentications += 1
+        log.debug("%s:%s: re-authenticated (KIP-368)", self.host, self.port)
+
+
+def _lifetime_ms(value: object) -> int:
+    if value is None:
+        return 0
+    if isinstance(value, datetime.timedelta):
+        return int(value.total_seconds() * 1000)
+    if isinstance(value, int | float | str):
+        try:
+            return int(value)
+        except ValueError:
+            return 0
+    return 0

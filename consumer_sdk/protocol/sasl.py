@@ -1,4 +1,4 @@
-"""SASL PLAIN and SCRAM-SHA-256/512 client exchanges (RFC 4616, RFC 5802/7677).
+"""SASL PLAIN, SCRAM-SHA-256/512 and OAUTHBEARER client exchanges (RFC 4616, 5802/7677, 7628).
 
 Each mechanism is a small step function over opaque server bytes, so the connection
 drives it through SaslAuthenticate without knowing the mechanism.
@@ -122,6 +122,28 @@ def _parse_attrs(data: bytes) -> dict[str, str]:
         if sep:
             attrs[key] = value
     return attrs
+
+
+class OAuthBearerClient(SaslMechanismClient):
+    """RFC 7628: send the bearer token; a server challenge is an error report (JSON), which
+    the client acknowledges with a single 0x01 before the broker fails the exchange."""
+
+    name = "OAUTHBEARER"
+
+    def __init__(self, initial: bytes) -> None:
+        self._initial = initial
+        self.server_error: str | None = None
+
+    def first(self) -> bytes:
+        return self._initial
+
+    def step(self, server: bytes) -> bytes | None:
+        if not server:
+            return None
+        if self.server_error is not None:
+            raise SaslError("OAUTHBEARER: unexpected server message after an error report")
+        self.server_error = bytes(server).decode("utf-8", "replace")
+        return b"\x01"
 
 
 def mechanism_client(mechanism: str, username: str, password: str) -> SaslMechanismClient:

@@ -159,6 +159,12 @@ class Consumer(GroupMember):
         self._ensure_usable()
         self._fetcher.resume((tp.topic, tp.partition) for tp in partitions)
 
+    def set_sasl_credentials(self, username: str, password: str) -> None:
+        """New SASL PLAIN/SCRAM credentials for the group connection's and the fetcher's next
+        authentication (``confluent_kafka.Consumer.set_sasl_credentials``)."""
+        super().set_sasl_credentials(username, password)
+        self._fetcher.consumer.set_sasl_credentials(username, password)
+
     # -- data-plane hooks --------------------------------------------------------------------
 
     def _consumed_offsets(self) -> dict[Partition, OffsetAndMetadata]:
@@ -217,6 +223,8 @@ class Consumer(GroupMember):
         super()._after_revoke(parts)
 
     def _close_data_plane(self, timeout: float) -> None:
+        if getattr(self, "_fetcher", None) is None:  # construction failed before the fetcher
+            return
         closer = threading.Thread(target=self._fetcher.close, daemon=True)
         closer.start()
         closer.join(timeout)

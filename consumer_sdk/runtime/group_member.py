@@ -51,6 +51,7 @@ from consumer_sdk.membership import (
     Subscribe,
     Unsubscribe,
 )
+from consumer_sdk.observability.log_routing import route_thread_logs, unroute_thread_logs
 from consumer_sdk.protocol.client import ClusterClient
 from consumer_sdk.protocol.connection import TlsHandshakeError
 from consumer_sdk.protocol.sasl import SaslError
@@ -136,6 +137,8 @@ class GroupMember:
         self._thread = threading.Thread(
             target=self._run, name=f"consumer-sdk-heartbeat[{c.group_id}]", daemon=True
         )
+        if "logger" in c.callbacks:
+            route_thread_logs(self._thread, c.callbacks["logger"])
         self._thread.start()
 
     def __repr__(self) -> str:
@@ -196,6 +199,11 @@ class GroupMember:
         """The Java consumer's ``consumer-coordinator-metrics`` by name."""
         with self._core_lock:
             return self._core.metrics.snapshot(_now_ms())
+
+    def set_sasl_credentials(self, username: str, password: str) -> None:
+        """New SASL PLAIN/SCRAM credentials, used from the next authentication on (open
+        connections stay as they are), as ``confluent_kafka.Consumer.set_sasl_credentials``."""
+        self._client.settings.credentials.set(username, password)
 
     # -- subscription -----------------------------------------------------------------------
 
@@ -555,6 +563,7 @@ class GroupMember:
             self._thread.join(max(deadline - time.monotonic(), 0.05))
         self._client.close()
         self._close_data_plane(max(deadline - time.monotonic(), 0.05))
+        unroute_thread_logs(self._thread)
 
     def _close_data_plane(self, timeout: float) -> None:
         return None
