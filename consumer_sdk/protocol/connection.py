@@ -221,6 +221,18 @@ class BrokerConnection:
             except (ProtocolError, KafkaTransportError):
                 self.close()
                 raise
+            except ssl.SSLError as exc:
+                # A TLS alert after the handshake: with TLS 1.3 a broker that requires a
+                # client certificate (ssl.client.auth=required) refuses it only here.
+                self.close()
+                hint = ""
+                if "CERTIFICATE" in str(exc.reason or exc).upper():
+                    hint = (" (does the listener require a client certificate? set "
+                            "ssl.certificate.location/.pem or ssl.keystore.location)")  # fmt: skip
+                raise TlsHandshakeError(
+                    f"{name} to {self.host}:{self.port} failed: the broker ended the TLS "
+                    f"session: {exc.reason or exc}{hint}"
+                ) from None
             except OSError as exc:
                 self.close()
                 raise KafkaTransportError(

@@ -1,0 +1,530 @@
+"""TLS and SASL against the real Apache Kafka broker: one single-node KafkaCluster with secured
+listeners, certificates made by the test with the ``openssl`` tool.
+
+Listeners: ``TLS`` (SSL), ``MTLS`` (SSL, client certificate required) and ``SECURE``
+(SASL_SSL with PLAIN, SCRAM-SHA-512 and Kafka's unsecured OAUTHBEARER; OAUTHBEARER sessions
+last at most 10 s, so clients must re-authenticate, KIP-368). For every mode an SDK consumer
+and a confluent-kafka ``group.protocol=consumer`` consumer with the same settings share one
+group: the group connection and the fetch connection both go through the secured listener,
+and the two members split the partitions and read every record once.
+"""
+
+from __future__ import annotations
+
+import base64
+import http.server
+import json
+import os
+import shutil
+import subprocess
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import Consumer as CkConsumer
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import (
+    ScramCredentialInfo,
+    ScramMechanism,
+    UserScramCredentialUpsertion,
+)
+
+from consumer_sdk import Consumer
+from consumer_sdk.testing import close_client, wait_until
+from consumer_sdk.testing.tls_proxy import Certificates, make_certificates
+
+KafkaCluster: Any
+try:
+    from consumer_sdk.testing.kafka_cluster import KafkaCluster
+except ImportError:  # pragma: no cover - the helper ships with the SDK
+    KafkaCluster = None
+
+PW = "ks-Pa55-word"
+PLAIN_USER, PLAIN_PASSWORD = "alice", "alice-Pa55-word"
+SCRAM_USER, SCRAM_PASSWORD = "carol", "carol-Pa55-word"
+WRONG = "wrong-Pa55-word"
+REAUTH_MS = 10_000
+
+
+def _unavailable() -> str | None:
+    if KafkaCluster is None:
+        return "consumer_sdk.testing.kafka_cluster is not available"
+    if not os.environ.get("KAFKA_HOME"):
+        return "KAFKA_HOME is not set (point it at a Kafka >= 4.0 distribution)"
+    if shutil.which("openssl") is None:
+        return "the openssl command line tool is missing"
+    return None
+
+
+pytestmark = [pytest.mark.realkafka, pytest.mark.timeout(900)]
+
+
+@dataclass
+class Secured:
+    cluster: Any
+    certs: Certificates
+    client_cert: Path
+    client_key: Path
+    client_p12: Path
+
+    def bootstrap(self, listener: str) -> str:
+        return str(self.cluster.bootstrap_for(listener))
+
+
+def _openssl(*args: str) -> None:
+    subprocess.run(["openssl", *args], check=True, capture_output=True, timeout=60)
+
+
+def _client_certificate(d: Path, certs: Certificates) -> tuple[Path, Path, Path]:
+    """A client certificate signed by the test CA (PEM pair and a PKCS#12 keystore)."""
+    ca_key = certs.ca.with_suffix(".key")
+    key, csr, cert, p12 = d / "client.key", d / "client.csr", d / "client.pem", d / "client.p12"
+    _openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+             "-keyout", str(key), "-out", str(csr), "-subj", "/CN=sdk-client")  # fmt: skip
+    _openssl("x509", "-req", "-in", str(csr), "-CA", str(certs.ca), "-CAkey", str(ca_key),
+             "-CAcreateserial", "-out", str(cert), "-days", "2")  # fmt: skip
+    _openssl("pkcs12", "-export", "-in", str(cert), "-inkey", str(key), "-out", str(p12),
+             "-passout", f"pass:{PW}", "-name", "client")  # fmt: skip
+    return cert, key, p12
+
+
+@pytest.fixture(scope="module")
+def secure(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secured]:
+    reason = _unavailable()
+    if reason is not None:
+        print(f"real-Kafka security tier skipped: {reason}")
+        pytest.skip(reason)
+    d = tmp_path_factory.mktemp("real-security")
+    certs = make_certificates(d, ("localhost",), name="broker")
+    server_p12 = d / "broker.p12"
+    _openssl("pkcs12", "-export", "-in", str(certs.cert), "-inkey", str(certs.key),
+             "-out", str(server_p12), "-passout", f"pass:{PW}", "-name", "broker")  # fmt: skip
+    client_cert, client_key, client_p12 = _client_certificate(d, certs)
+    module = "org.apache.kafka.common.security"
+    props = {
+        "ssl.keystore.type": "PKCS12",
+        "ssl.keystore.location": server_p12,
+        "ssl.keystore.password": PW,
+        "ssl.key.password": PW,
+        "listener.name.mtls.ssl.client.auth": "required",
+        "listener.name.mtls.ssl.truststore.type": "PEM",
+        "listener.name.mtls.ssl.truststore.location": certs.ca,
+        "listener.name.secure.sasl.enabled.mechanisms": "PLAIN,SCRAM-SHA-512,OAUTHBEARER",
+        "listener.name.secure.plain.sasl.jaas.config": (
+            f"{module}.plain.PlainLoginModule required "
+            f'user_{PLAIN_USER}="{PLAIN_PASSWORD}";'
+        ),
+        "listener.name.secure.scram-sha-512.sasl.jaas.config": (
+            f"{module}.scram.ScramLoginModule required;"
+        ),
+        "listener.name.secure.oauthbearer.sasl.jaas.config": (
+            f"{module}.oauthbearer.OAuthBearerLoginModule required "
+            'unsecuredLoginStringClaim_sub="admin";'
+        ),
+        "listener.name.secure.oauthbearer.connections.max.reauth.ms": REAUTH_MS,
+    }
+    cluster = KafkaCluster(
+        1,
+        listeners={"TLS": "SSL", "MTLS": "SSL", "SECURE": "SASL_SSL"},
+        server_properties=props,
+        advertised_host="localhost",
+        heartbeat_interval_ms=500,
+        session_timeout_ms=6000,
+    )
+    try:
+        # SCRAM credentials live in the metadata log: created through the PLAINTEXT listener.
+        info = ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 4096)
+        futures = cluster.admin().alter_user_scram_credentials(
+            [UserScramCredentialUpsertion(SCRAM_USER, info, SCRAM_PASSWORD.encode())]
+        )
+        for future in futures.values():
+            future.result(30)
+        yield Secured(cluster, certs, client_cert, client_key, client_p12)
+    finally:
+        cluster.close()
+
+
+# -- helpers ----------------------------------------------------------------------------------
+
+
+def unsecured_token(principal: str, life_s: int = 3600) -> tuple[str, float]:
+    """An unsecured JWS (``alg: none``), as Kafka's unsecured validator accepts."""
+
+    def b64(obj: object) -> str:
+        return base64.urlsafe_b64encode(json.dumps(obj).encode()).rstrip(b"=").decode()
+
+    now = int(time.time())
+    token = f"{b64({'alg': 'none'})}.{b64({'sub': principal, 'iat': now, 'exp': now + life_s})}."
+    return token, float(now + life_s)
+
+
+def _topic(secure: Secured, partitions: int = 2) -> str:
+    name = f"sec-{uuid.uuid4().hex[:8]}"
+    secure.cluster.create_topic(name, partitions)
+    return name
+
+
+def _produce(secure: Secured, topic: str, prefix: str, count: int = 6) -> set[bytes]:
+    values = [f"{prefix}-{i}".encode() for i in range(count)]
+    for partition in (0, 1):
+        secure.cluster.produce(topic, values[partition::2], partition=partition)
+    return set(values)
+
+
+def _poll_records(client: Any, sink: dict[bytes, int], errors: list[KafkaError]) -> None:
+    try:
+        msg = client.poll(0.1)
+    except KafkaException as exc:
+        errors.append(exc.args[0])
+        return
+    if msg is None:
+        return
+    if msg.error() is not None:
+        if msg.error().code() != KafkaError._PARTITION_EOF:
+            errors.append(msg.error())
+        return
+    sink[msg.value()] = msg.partition()
+
+
+def pair_in_one_group(secure: Secured, listener: str, settings: dict[str, Any]) -> None:
+    """An SDK consumer and a confluent-kafka KIP-848 consumer with the same settings join one
+    group on ``listener``, split the partitions, and read every record exactly once."""
+    topic = _topic(secure)
+    group = f"g-{topic}"
+    base = {"bootstrap.servers": secure.bootstrap(listener), "group.id": group,
+            "auto.offset.reset": "earliest", **settings}  # fmt: skip
+    sdk = Consumer(dict(base))
+    ck = CkConsumer({**base, "group.protocol": "consumer"})
+    sdk_records: dict[bytes, int] = {}
+    ck_records: dict[bytes, int] = {}
+    errors: list[KafkaError] = []
+    try:
+        sdk.subscribe([topic])
+        ck.subscribe([topic])
+
+        def split() -> bool:
+            _poll_records(sdk, sdk_records, errors)
+            _poll_records(ck, ck_records, errors)
+            mine = {tp.partition for tp in sdk.assignment()}
+            theirs = {tp.partition for tp in ck.assignment()}
+            return len(mine) == 1 and len(theirs) == 1 and mine | theirs == {0, 1}
+
+        wait_until(split, timeout=90, interval=0, description=f"both members own one partition ({listener})")
+        assert errors == [], errors
+        expected = _produce(secure, topic, "rec")
+
+        def all_read() -> bool:
+            _poll_records(sdk, sdk_records, errors)
+            _poll_records(ck, ck_records, errors)
+            return set(sdk_records) | set(ck_records) == expected
+
+        wait_until(all_read, timeout=60, interval=0, description=f"every record read ({listener})")
+        assert errors == [], errors
+        assert not set(sdk_records) & set(ck_records), "a record was read by both members"
+        (mine,) = {tp.partition for tp in sdk.assignment()}
+        assert sdk_records and set(sdk_records.values()) == {mine}
+        assert ck_records and mine not in set(ck_records.values())
+    finally:
+        assert close_client(ck)
+        sdk.close()
+
+
+def first_error(consumer: Consumer, timeout: float = 30.0) -> tuple[KafkaError, float]:
+    """The first error poll() raises (or returns as an error event) and when it came."""
+    start = time.monotonic()
+    box: list[KafkaError] = []
+
+    def failed() -> bool:
+        try:
+            msg = consumer.poll(0.1)
+        except KafkaException as exc:
+            box.append(exc.args[0])
+            return True
+        if msg is not None and msg.error() is not None:
+            box.append(msg.error())
+            return True
+        return False
+
+    wait_until(failed, timeout=timeout, interval=0, description="poll() reporting the error")
+    return box[0], time.monotonic() - start
+
+
+# -- TLS --------------------------------------------------------------------------------------
+
+
+def test_tls_with_hostname_verification(secure: Secured) -> None:
+    pair_in_one_group(secure, "TLS", {"security.protocol": "SSL",
+                                      "ssl.ca.location": str(secure.certs.ca)})  # fmt: skip
+
+
+def test_tls_wrong_hostname_is_refused_with_a_clear_error(secure: Secured) -> None:
+    """The broker's certificate names localhost; connecting to 127.0.0.1 must fail hostname
+    verification (on by default, ssl.endpoint.identification.algorithm=https)."""
+    port = secure.bootstrap("TLS").rsplit(":", 1)[1]
+    consumer = Consumer({"bootstrap.servers": f"127.0.0.1:{port}", "group.id": "g-wrong-host",
+                         "security.protocol": "SSL", "ssl.ca.location": str(secure.certs.ca)})
+    try:
+        consumer.subscribe(["any"])
+        error, elapsed = first_error(consumer)
+        print(f"TLS hostname failure reported by poll() after {elapsed:.2f}s")
+        assert error.code() == KafkaError._SSL
+        assert "certificate verification failed" in error.str()
+        assert "127.0.0.1" in error.str() and "mismatch" in error.str()
+    finally:
+        consumer.close()
+
+
+def test_mutual_tls_with_pem_strings(secure: Secured) -> None:
+    pair_in_one_group(secure, "MTLS", {
+        "security.protocol": "SSL",
+        "ssl.ca.pem": secure.certs.ca.read_text(),
+        "ssl.certificate.pem": secure.client_cert.read_text(),
+        "ssl.key.pem": secure.client_key.read_text(),
+    })  # fmt: skip
+
+
+def test_mutual_tls_with_a_pkcs12_keystore(secure: Secured) -> None:
+    pair_in_one_group(secure, "MTLS", {
+        "security.protocol": "SSL",
+        "ssl.ca.location": str(secure.certs.ca),
+        "ssl.keystore.location": str(secure.client_p12),
+        "ssl.keystore.password": PW,
+    })  # fmt: skip
+
+
+def test_mutual_tls_without_a_client_certificate_fails(secure: Secured) -> None:
+    consumer = Consumer({"bootstrap.servers": secure.bootstrap("MTLS"), "group.id": "g-no-cert",
+                         "security.protocol": "SSL", "ssl.ca.location": str(secure.certs.ca)})
+    try:
+        consumer.subscribe(["any"])
+        error, _ = first_error(consumer)
+        assert error.code() == KafkaError._SSL, error
+        assert "client certificate" in error.str()
+    finally:
+        consumer.close()
+
+
+# -- SASL -------------------------------------------------------------------------------------
+
+
+def _sasl(secure: Secured, mechanism: str, **extra: Any) -> dict[str, Any]:
+    return {"security.protocol": "SASL_SSL", "ssl.ca.location": str(secure.certs.ca),
+            "sasl.mechanism": mechanism, **extra}  # fmt: skip
+
+
+def test_sasl_plain(secure: Secured) -> None:
+    pair_in_one_group(secure, "SECURE", _sasl(secure, "PLAIN", **{
+        "sasl.username": PLAIN_USER, "sasl.password": PLAIN_PASSWORD}))  # fmt: skip
+
+
+def test_sasl_scram_sha_512(secure: Secured) -> None:
+    pair_in_one_group(secure, "SECURE", _sasl(secure, "SCRAM-SHA-512", **{
+        "sasl.username": SCRAM_USER, "sasl.password": SCRAM_PASSWORD}))  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("mechanism", "user"), [("PLAIN", PLAIN_USER), ("SCRAM-SHA-512", SCRAM_USER)]
+)
+def test_wrong_password_is_a_clear_error_from_poll(
+    secure: Secured, mechanism: str, user: str
+) -> None:
+    consumer = Consumer({
+        "bootstrap.servers": secure.bootstrap("SECURE"), "group.id": f"g-bad-{mechanism}",
+        **_sasl(secure, mechanism, **{"sasl.username": user, "sasl.password": WRONG}),
+    })  # fmt: skip
+    try:
+        consumer.subscribe(["any"])
+        error, elapsed = first_error(consumer)
+        print(f"{mechanism} wrong password reported by poll() after {elapsed:.2f}s")
+        assert error.code() == KafkaError.SASL_AUTHENTICATION_FAILED
+        assert f"SASL {mechanism} authentication as '{user}' failed" in error.str()
+        assert WRONG not in error.str()
+    finally:
+        consumer.close()
+
+
+def test_set_sasl_credentials_recovers_both_connections(secure: Secured) -> None:
+    topic = _topic(secure)
+    consumer = Consumer({
+        "bootstrap.servers": secure.bootstrap("SECURE"), "group.id": f"g-{topic}",
+        "auto.offset.reset": "earliest", "reconnect.backoff.max.ms": 1000,
+        **_sasl(secure, "PLAIN", **{"sasl.username": PLAIN_USER, "sasl.password": WRONG}),
+    })  # fmt: skip
+    try:
+        consumer.subscribe([topic])
+        error, _ = first_error(consumer)
+        assert error.code() == KafkaError.SASL_AUTHENTICATION_FAILED
+        consumer.set_sasl_credentials(PLAIN_USER, PLAIN_PASSWORD)
+        expected = _produce(secure, topic, "after")
+        records: dict[bytes, int] = {}
+        errors: list[KafkaError] = []
+        wait_until(lambda: (_poll_records(consumer, records, errors), set(records) == expected)[1],
+                   timeout=90, interval=0, description="records read with the new credentials")  # fmt: skip
+        assert len(consumer.assignment()) == 2
+    finally:
+        consumer.close()
+
+
+# -- OAUTHBEARER ------------------------------------------------------------------------------
+
+
+def test_oauthbearer_with_oauth_cb_and_reauthentication(secure: Secured) -> None:
+    """oauth_cb tokens for both connections; the listener's sessions last 10 s, so the group
+    connection re-authenticates (KIP-368) and stays in the group at the same epoch."""
+    calls: list[str | None] = []
+
+    def oauth_cb(config: str | None) -> tuple[str, float, str]:
+        calls.append(config)
+        token, expiry = unsecured_token("admin", life_s=3600)
+        return token, expiry, "admin"
+
+    settings = _sasl(secure, "OAUTHBEARER", oauth_cb=oauth_cb,
+                     **{"sasl.oauthbearer.config": "scope=test"})  # fmt: skip
+    pair_in_one_group(secure, "SECURE", settings)
+    assert calls and set(calls) == {"scope=test"}
+
+    topic = _topic(secure)
+    consumer = Consumer({"bootstrap.servers": secure.bootstrap("SECURE"), "group.id": f"g-{topic}",
+                         "auto.offset.reset": "earliest", **settings})  # fmt: skip
+    try:
+        consumer.subscribe([topic])
+        wait_until(lambda: (consumer.poll(0.1), len(consumer.assignment()) == 2)[1],
+                   timeout=60, interval=0, description="joined")  # fmt: skip
+        epoch = consumer.member_epoch
+        deadline = time.monotonic() + REAUTH_MS / 1000 * 1.6
+        while time.monotonic() < deadline:
+            assert consumer.poll(0.2) is None
+        reauths = sum(c.reauthentications for c in consumer._client._connections.values())
+        assert reauths >= 1, "no KIP-368 re-authentication on the group connection"
+        assert consumer.member_epoch == epoch and len(consumer.assignment()) == 2
+        expected = _produce(secure, topic, "late")
+        records: dict[bytes, int] = {}
+        errors: list[KafkaError] = []
+        wait_until(lambda: (_poll_records(consumer, records, errors), set(records) == expected)[1],
+                   timeout=60, interval=0, description="records after re-authentication")  # fmt: skip
+        assert errors == []
+    finally:
+        consumer.close()
+
+
+def test_oauthbearer_unsecured_jwt_default(secure: Secured) -> None:
+    pair_in_one_group(secure, "SECURE", _sasl(secure, "OAUTHBEARER", **{
+        "enable.sasl.oauthbearer.unsecure.jwt": True,
+        "sasl.oauthbearer.config": "principal=admin lifeSeconds=600",
+    }))  # fmt: skip
+
+
+def test_oauthbearer_rejected_token_is_a_clear_error(secure: Secured) -> None:
+    def expired_alg(_config: str | None) -> tuple[str, float]:
+        # signed with an algorithm the unsecured validator refuses
+        def b64(obj: object) -> str:
+            return base64.urlsafe_b64encode(json.dumps(obj).encode()).rstrip(b"=").decode()
+
+        now = int(time.time())
+        claims = {"sub": "admin", "iat": now, "exp": now + 600}
+        return f"{b64({'alg': 'HS256'})}.{b64(claims)}.c2ln", float(now + 600)
+
+    consumer = Consumer({"bootstrap.servers": secure.bootstrap("SECURE"), "group.id": "g-badtok",
+                         **_sasl(secure, "OAUTHBEARER", oauth_cb=expired_alg)})  # fmt: skip
+    try:
+        consumer.subscribe(["any"])
+        error, elapsed = first_error(consumer)
+        print(f"rejected OAUTHBEARER token reported by poll() after {elapsed:.2f}s")
+        assert error.code() == KafkaError.SASL_AUTHENTICATION_FAILED
+        assert "SASL OAUTHBEARER authentication as 'admin' failed" in error.str()
+        assert "invalid_token" in error.str()
+    finally:
+        consumer.close()
+
+
+class _TokenEndpoint(http.server.ThreadingHTTPServer):
+    """A tiny OAuth 2.0 token endpoint: client-credentials grant, unsecured JWTs."""
+
+    def __init__(self, client_id: str, secret: str) -> None:
+        self.client_id, self.secret = client_id, secret
+        self.requests: list[dict[str, str]] = []
+        super().__init__(("127.0.0.1", 0), _TokenHandler)
+        self.thread = threading.Thread(target=self.serve_forever, daemon=True)
+        self.thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}/token"
+
+    def stop(self) -> None:
+        self.shutdown()
+        self.server_close()
+
+
+class _TokenHandler(http.server.BaseHTTPRequestHandler):
+    server: _TokenEndpoint
+
+    def do_POST(self) -> None:  # noqa: N802 - the http.server API
+        length = int(self.headers.get("Content-Length", "0"))
+        form = dict(p.split("=", 1) for p in self.rfile.read(length).decode().split("&") if p)
+        expected = base64.b64encode(f"{self.server.client_id}:{self.server.secret}".encode())
+        self.server.requests.append(form)
+        if self.headers.get("Authorization") != f"Basic {expected.decode()}":
+            self.send_response(401)
+            self.end_headers()
+            self.wfile.write(b'{"error":"invalid_client"}')
+            return
+        token, _ = unsecured_token(self.server.client_id, life_s=600)
+        body = json.dumps({"access_token": token, "token_type": "bearer", "expires_in": 600})
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        self.wfile.write(body.encode())
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def token_endpoint() -> Iterator[_TokenEndpoint]:
+    endpoint = _TokenEndpoint("sdk-app", "app-Pa55-secret")
+    try:
+        yield endpoint
+    finally:
+        endpoint.stop()
+
+
+def _oidc(secure: Secured, endpoint: _TokenEndpoint, secret: str) -> dict[str, Any]:
+    return _sasl(secure, "OAUTHBEARER", **{
+        "sasl.oauthbearer.method": "oidc",
+        "sasl.oauthbearer.client.id": endpoint.client_id,
+        "sasl.oauthbearer.client.secret": secret,
+        "sasl.oauthbearer.token.endpoint.url": endpoint.url,
+        "sasl.oauthbearer.scope": "kafka",
+    })  # fmt: skip
+
+
+def test_oauthbearer_oidc_client_credentials(
+    secure: Secured, token_endpoint: _TokenEndpoint
+) -> None:
+    pair_in_one_group(secure, "SECURE", _oidc(secure, token_endpoint, token_endpoint.secret))
+    grants = {(r.get("grant_type"), r.get("scope")) for r in token_endpoint.requests}
+    assert grants == {("client_credentials", "kafka")}
+    assert len(token_endpoint.requests) >= 2, "the group connection's and the fetcher's grants"
+
+
+def test_oauthbearer_oidc_bad_client_secret(
+    secure: Secured, token_endpoint: _TokenEndpoint
+) -> None:
+    consumer = Consumer({"bootstrap.servers": secure.bootstrap("SECURE"), "group.id": "g-oidc-bad",
+                         **_oidc(secure, token_endpoint, WRONG)})  # fmt: skip
+    try:
+        consumer.subscribe(["any"])
+        error, _ = first_error(consumer)
+        assert error.code() == KafkaError.SASL_AUTHENTICATION_FAILED
+        assert "HTTP 401" in error.str() and "invalid_client" in error.str()
+        assert WRONG not in error.str()
+    finally:
+        consumer.close()
+
+
