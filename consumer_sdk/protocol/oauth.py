@@ -133,14 +133,14 @@ def unsecured_jwt(config: str | None, now_s: float | None = None) -> OAuthToken:
             extensions[ext] = settings.pop(name)
     if settings:
         raise ConfigError(f"{key}: unknown setting(s) {', '.join(sorted(settings))}")
-    now = time.time() if now_s is None else now_s
+    now = int(time.time() if now_s is None else now_s)
     expiry = now + int(life)
     claims: dict[str, Any] = {principal_claim: principal, "iat": now, "exp": expiry}
     if scope:
         claims[scope_claim] = scope
     header = _b64url(json.dumps({"alg": "none"}).encode())
     payload = _b64url(json.dumps(claims).encode())
-    return OAuthToken(f"{header}.{payload}.", expiry, principal, extensions, now)
+    return OAuthToken(f"{header}.{payload}.", float(expiry), principal, extensions, float(now))
 
 
 def oauthbearer_initial_message(token: OAuthToken) -> bytes:

@@ -37,7 +37,6 @@ BASE = {"bootstrap.servers": "127.0.0.1:1", "group.id": "g"}
 @pytest.mark.parametrize(
     ("settings", "message"),
     [
-        # fmt: off
         ({"bootstrap.servers": None}, "bootstrap.servers: required"),
         ({"bootstrap.servers": "nohost"}, "bootstrap.servers: 'nohost' is not host:port"),
         ({"group.id": None}, "group.id: required"),
@@ -86,7 +85,6 @@ BASE = {"bootstrap.servers": "127.0.0.1:1", "group.id": "g"}
         ({"ssl.endpoint.identification.algorithm": "dns"}, "expected https or none"),
         ({"error_cb": "not callable"}, "error_cb: expected a callable, got str"),
         ({"fetch.max.wait.ms": 10}, "fetch.max.wait.ms: unknown configuration property"),
-        # fmt: on
     ],
 )
 def test_configuration_errors_name_the_key_and_the_reason(

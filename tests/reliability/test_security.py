@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import shutil
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,8 @@ from typing import Any
 import pytest
 
 from consumer_sdk import Consumer, GroupMember, KafkaError, MemberState
-from consumer_sdk.testing import EmbeddedKafka
+from consumer_sdk.errors import ConfigError
+from consumer_sdk.testing import EmbeddedKafka, wait_until
 from consumer_sdk.testing.tls_proxy import Certificates, TlsProxy, make_certificates
 from tests.reliability.support import App, Callbacks, HeartbeatSpy, config, timed_close
 
@@ -251,3 +253,88 @@ def test_set_sasl_credentials_applies_to_the_next_authentication(
                 consumer.set_sasl_credentials(USER, None)  # type: ignore[arg-type]
         finally:
             assert timed_close(consumer) < 5.5
+
+
+def test_ca_pem_string_on_both_connections(
+    kafka: EmbeddedKafka, certs: dict[str, Certificates]
+) -> None:
+    """``ssl.ca.pem`` (the CA as a string) is honoured by the group connection and the
+    fetcher alike."""
+    with proxy(kafka, certs["good"]) as px:
+        settings = {"security_protocol": "SSL", "ssl_ca_pem": certs["good"].ca.read_text()}
+        consumer = Consumer(config(f"localhost:{px.port}", "sec-capem", **settings))
+        app = App(consumer)
+        try:
+            consumer.subscribe(["sec"])
+            assert sorted(app.next_record().value() for _ in range(4))[0] == b"r0"
+            joined(app)
+            assert px.handshake_failures == [] and px.connections >= 2
+        finally:
+            assert timed_close(consumer) < 5.5
+
+
+def test_group_member_set_sasl_credentials(
+    kafka: EmbeddedKafka, certs: dict[str, Certificates]
+) -> None:
+    with proxy(kafka, certs["good"], sasl=True) as px:
+        member = GroupMember(config(f"localhost:{px.port}", "sec-setcreds",
+                                    **sasl(certs["good"].ca, "SCRAM-SHA-256", WRONG)))  # fmt: skip
+        app = App(member)
+        try:
+            member.subscribe(["sec"])
+            app.poll_until(lambda: app.errors, timeout=20, what="the auth failure")
+            assert app.errors[0].args[0].code() == KafkaError.SASL_AUTHENTICATION_FAILED
+            with pytest.raises(TypeError, match="two strings"):
+                member.set_sasl_credentials(USER, None)  # type: ignore[arg-type]
+            member.set_sasl_credentials(USER, PASSWORD)
+            joined(app)
+            assert (("SCRAM-SHA-256", USER) in px.authenticated) and px.auth_failures
+            assert PASSWORD not in repr(member._client.settings.credentials)
+        finally:
+            assert timed_close(member) < 5.5
+
+
+def test_logger_receives_the_sdk_and_fetcher_records(
+    kafka: EmbeddedKafka, certs: dict[str, Certificates], caplog: pytest.LogCaptureFixture
+) -> None:
+    """``logger`` takes a ``logging.Logger``: the consumer's own records (here the failed
+    authentication) go to it instead of ``consumer_sdk.*``, and so do librdkafka's."""
+    caplog.set_level(logging.DEBUG)
+    records: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+
+    app_logger = logging.getLogger("app.kafka.sec-logger")
+    app_logger.setLevel(logging.DEBUG)
+    app_logger.propagate = False
+    app_logger.addHandler(Keep())
+    with proxy(kafka, certs["good"], sasl=True) as px:
+        settings = sasl(certs["good"].ca, "PLAIN", WRONG)
+        consumer = Consumer(config(f"localhost:{px.port}", "sec-logger", logger=app_logger,
+                                   **settings))  # fmt: skip
+        app = App(consumer)
+        try:
+            consumer.subscribe(["sec"])
+            app.poll_until(lambda: app.errors, timeout=20, what="the auth failure")
+            wait_until(lambda: any(r.name.startswith("consumer_sdk") and "SASL PLAIN" in
+                                   r.getMessage() for r in records),
+                       timeout=20, description="the SDK's record in the application logger")
+            wait_until(lambda: any(not r.name.startswith("consumer_sdk") for r in records),
+                       timeout=20, description="a librdkafka record from the fetcher")
+        finally:
+            assert timed_close(consumer) < 5.5
+    routed = [r for r in caplog.records if "SASL PLAIN authentication" in r.getMessage()
+              and r.name.startswith("consumer_sdk")]  # fmt: skip
+    assert routed == [], "records of the consumer's thread went to consumer_sdk.* too"
+
+
+def test_a_bad_fetcher_value_is_a_config_error_not_an_attribute_error(
+    kafka: EmbeddedKafka,
+) -> None:
+    before = {t.name for t in threading.enumerate()}
+    with pytest.raises(ConfigError, match=r"isolation\.level: invalid value 'serializable'"):
+        Consumer(config(kafka, "sec-badkey", isolation_level="serializable"))
+    leftover = {t.name for t in threading.enumerate()} - before
+    assert not any(name.startswith("consumer-sdk-heartbeat") for name in leftover)

@@ -214,7 +214,8 @@ def pair_in_one_group(secure: Secured, listener: str, settings: dict[str, Any]) 
             theirs = {tp.partition for tp in ck.assignment()}
             return len(mine) == 1 and len(theirs) == 1 and mine | theirs == {0, 1}
 
-        wait_until(split, timeout=90, interval=0, description=f"both members own one partition ({listener})")
+        what = f"both members own one partition ({listener})"
+        wait_until(split, timeout=90, interval=0, description=what)
         assert errors == [], errors
         expected = _produce(secure, topic, "rec")
 
@@ -364,7 +365,7 @@ def test_set_sasl_credentials_recovers_both_connections(secure: Secured) -> None
         records: dict[bytes, int] = {}
         errors: list[KafkaError] = []
         wait_until(lambda: (_poll_records(consumer, records, errors), set(records) == expected)[1],
-                   timeout=90, interval=0, description="records read with the new credentials")  # fmt: skip
+                   90, 0, "records read with the new credentials")  # fmt: skip
         assert len(consumer.assignment()) == 2
     finally:
         consumer.close()
@@ -406,7 +407,7 @@ def test_oauthbearer_with_oauth_cb_and_reauthentication(secure: Secured) -> None
         records: dict[bytes, int] = {}
         errors: list[KafkaError] = []
         wait_until(lambda: (_poll_records(consumer, records, errors), set(records) == expected)[1],
-                   timeout=60, interval=0, description="records after re-authentication")  # fmt: skip
+                   60, 0, "records after re-authentication")  # fmt: skip
         assert errors == []
     finally:
         consumer.close()
@@ -464,7 +465,7 @@ class _TokenEndpoint(http.server.ThreadingHTTPServer):
 class _TokenHandler(http.server.BaseHTTPRequestHandler):
     server: _TokenEndpoint
 
-    def do_POST(self) -> None:  # noqa: N802 - the http.server API
+    def do_POST(self) -> None:
         length = int(self.headers.get("Content-Length", "0"))
         form = dict(p.split("=", 1) for p in self.rfile.read(length).decode().split("&") if p)
         expected = base64.b64encode(f"{self.server.client_id}:{self.server.secret}".encode())
