@@ -76,17 +76,34 @@ def configuration_page() -> str:
         "ssl.certificate.location": None,
         "ssl.key.location": None,
         "ssl.key.password": None,
+        "ssl.ca.pem": None,
+        "ssl.certificate.pem": None,
+        "ssl.key.pem": None,
+        "ssl.keystore.location": None,
+        "ssl.keystore.password": None,
         "ssl.endpoint.identification.algorithm": "https",
         "enable.ssl.certificate.verification": True,
         "sasl.mechanism": defaults.sasl_mechanism,
         "sasl.username": None,
         "sasl.password": None,
+        "sasl.oauthbearer.config": None,
+        "sasl.oauthbearer.method": "default",
+        "sasl.oauthbearer.client.id": None,
+        "sasl.oauthbearer.client.secret": None,
+        "sasl.oauthbearer.token.endpoint.url": None,
+        "sasl.oauthbearer.scope": None,
+        "sasl.oauthbearer.extensions": None,
+        "enable.sasl.oauthbearer.unsecure.jwt": False,
+        "https.ca.location": None,
     }
     for key, value in connection_keys.items():
         lines.append(f"| `{key}` | `{value!r}` |")
     lines += [
         "",
         "Passwords are held in a `Secret` and never appear in `repr`, logs or exceptions.",
+        "These keys secure both the group connection and the fetcher; OAUTHBEARER takes",
+        "`oauth_cb`, `sasl.oauthbearer.method=oidc` or the unsecured JWT (see",
+        "[Reliability and security](reliability.md#security)).",
         "",
         "## Rejected keys",
         "",
@@ -105,7 +122,8 @@ def configuration_page() -> str:
         ", ".join(f"`{k}`" for k in sorted(FETCHER_KEYS)),
         "",
         "Callbacks: `error_cb`, `stats_cb` (librdkafka's statistics JSON with this member's `cgrp` "
-        "block), `logger`, `throttle_cb`.",
+        "block), `logger` (a `logging.Logger`; the SDK's own records of this consumer go to it "
+        "too), `throttle_cb`, `oauth_cb` (also the group connection's token source).",
         "",
     ]
     return "\n".join(lines)
