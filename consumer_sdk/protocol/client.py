@@ -6,7 +6,6 @@ background thread drives it; tools and tests may call it directly.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import random
 import threading
@@ -39,7 +38,7 @@ from consumer_sdk.errors import (
 )
 from consumer_sdk.protocol import messages as m
 from consumer_sdk.protocol.connection import BrokerConnection, TlsHandshakeError
-from consumer_sdk.protocol.security import ConnectionSettings, Secret, parse_bootstrap_servers
+from consumer_sdk.protocol.security import ConnectionSettings, parse_bootstrap_servers
 
 __all__ = ["ClusterClient", "TraceHook"]
 
@@ -469,10 +468,9 @@ class ClusterClient:
     def set_sasl_credentials(self, username: str, password: str) -> None:
         """Use these SASL PLAIN/SCRAM credentials from the next connection on; connections
         already authenticated stay up (as librdkafka's ``rd_kafka_sasl_set_credentials``)."""
-        with self._lock:
-            self.settings = dataclasses.replace(
-                self.settings, sasl_username=username, sasl_password=Secret(password)
-            )
+        # One holder shared by every connection of this client: new connections and KIP-368
+        # re-authentications of open ones both use the new credentials.
+        self.settings.credentials.set(username, password)
 
     # -- lifecycle -------------------------------------------------------------------------
 

@@ -159,12 +159,6 @@ class Consumer(GroupMember):
         self._ensure_usable()
         self._fetcher.resume((tp.topic, tp.partition) for tp in partitions)
 
-    def set_sasl_credentials(self, username: str, password: str) -> None:
-        """New SASL PLAIN/SCRAM credentials for the group connection's and the fetcher's next
-        authentication (``confluent_kafka.Consumer.set_sasl_credentials``)."""
-        super().set_sasl_credentials(username, password)
-        self._fetcher.consumer.set_sasl_credentials(username, password)
-
     # -- data-plane hooks --------------------------------------------------------------------
 
     def _consumed_offsets(self) -> dict[Partition, OffsetAndMetadata]:

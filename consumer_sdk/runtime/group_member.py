@@ -203,7 +203,10 @@ class GroupMember:
     def set_sasl_credentials(self, username: str, password: str) -> None:
         """New SASL PLAIN/SCRAM credentials, used from the next authentication on (open
         connections stay as they are), as ``confluent_kafka.Consumer.set_sasl_credentials``."""
-        self._client.settings.credentials.set(username, password)
+        self._ensure_usable()
+        if not isinstance(username, str) or not isinstance(password, str):
+            raise TypeError("set_sasl_credentials() takes a username and a password (str)")
+        self._client.set_sasl_credentials(username, password)
 
     # -- subscription -----------------------------------------------------------------------
 

@@ -284,7 +284,7 @@ def test_group_member_set_sasl_credentials(
             member.subscribe(["sec"])
             app.poll_until(lambda: app.errors, timeout=20, what="the auth failure")
             assert app.errors[0].args[0].code() == KafkaError.SASL_AUTHENTICATION_FAILED
-            with pytest.raises(TypeError, match="two strings"):
+            with pytest.raises(TypeError, match="a username and a password"):
                 member.set_sasl_credentials(USER, None)  # type: ignore[arg-type]
             member.set_sasl_credentials(USER, PASSWORD)
             joined(app)
