@@ -1,0 +1,512 @@
+"""Sans-IO request managers besides the heartbeat: coordinator discovery, metadata, commits.
+
+Each follows the shape of :class:`~consumer_sdk.membership.heartbeat.HeartbeatRequestManager`:
+the host calls ``poll(now_ms, ...)`` for the requests to send now, sends them, and reports each
+outcome once with ``on_response`` or ``on_failure``; ``time_until_next_poll`` says how long it
+may wait. Nothing here does I/O or reads a clock (reference §3, §8 for the policies).
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import uuid
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from consumer_sdk.domain import (
+    ClusterMetadata,
+    Coordinator,
+    OffsetCommitPartition,
+    OffsetCommitRequest,
+    PartitionResult,
+)
+from consumer_sdk.error_codes import ErrorCode
+from consumer_sdk.errors import RETRIABLE_CODES
+from consumer_sdk.membership.heartbeat import Backoff, Failure, FailureKind
+
+__all__ = [
+    "COMMIT_RETRIABLE",
+    "CommitKind",
+    "CommitRequestManager",
+    "CommitResult",
+    "CoordinatorManager",
+    "FindCoordinatorSend",
+    "MetadataManager",
+    "MetadataSend",
+    "OffsetCommitSend",
+]
+
+log = logging.getLogger("consumer_sdk.membership")
+
+E = ErrorCode
+Partition = tuple[str, int]
+
+#: Errors after which a commit may be retried (the coordinator may also need rediscovery).
+COMMIT_RETRIABLE = frozenset(RETRIABLE_CODES | {E.REQUEST_TIMED_OUT})
+_REDISCOVER = frozenset({E.NOT_COORDINATOR, E.COORDINATOR_NOT_AVAILABLE, E.REQUEST_TIMED_OUT})
+# An episode of retriable failures is logged at INFO when it starts and once at WARNING if it
+# lasts this many attempts (a coordinator still loading is normal for a few hundred ms).
+_WARN_AFTER = 5
+
+
+def _failure_code(failure: Failure) -> int:
+    if failure.kind is FailureKind.TIMEOUT:
+        return int(E.REQUEST_TIMED_OUT)
+    if failure.kind is FailureKind.DISCONNECTED:
+        return int(E.NETWORK_EXCEPTION)
+    if failure.kind is FailureKind.UNSUPPORTED_VERSION_CLIENT:
+        return int(E.UNSUPPORTED_VERSION)
+    if failure.kind is FailureKind.AUTHENTICATION:
+        return int(E.SASL_AUTHENTICATION_FAILED)
+    return int(E.UNKNOWN_SERVER_ERROR)
+
+
+class _Episode:
+    """Retries with backoff; logs an episode once when it starts and once if it persists."""
+
+    def __init__(self, what: str, backoff: Backoff) -> None:
+        self._what = what
+        self._backoff = backoff
+        self.failures = 0
+        self.retry_at_ms = 0
+
+    def failed(self, now_ms: int, reason: str) -> int:
+        delay = self._backoff.backoff_ms(self.failures)
+        self.failures += 1
+        self.retry_at_ms = now_ms + delay
+        if self.failures == 1:
+            log.info("%s failed (%s); retrying in %d ms", self._what, reason, delay)
+        elif self.failures == _WARN_AFTER:
+            log.warning("%s still failing after %d attempts (%s); retrying with backoff",
+                        self._what, self.failures, reason)  # fmt: skip
+        else:
+            log.debug("%s failed (%s); retrying in %d ms", self._what, reason, delay)
+        return delay
+
+    def succeeded(self) -> None:
+        if self.failures:
+            log.info("%s succeeded after %d failed attempts", self._what, self.failures)
+        self.failures = 0
+        self.retry_at_ms = 0
+
+    def remaining(self, now_ms: int) -> int:
+        return max(0, self.retry_at_ms - now_ms)
+
+
+# --------------------------------------------------------------------------------------------
+# Coordinator discovery
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class FindCoordinatorSend:
+    """Send FindCoordinator (key type GROUP) for ``group_id`` to any broker."""
+
+    group_id: str
+
+
+class CoordinatorManager:
+    """Finds the group coordinator: one FindCoordinator at a time, only while it is unknown
+    and wanted, with exponential backoff and jitter between failed attempts (reference §8)."""
+
+    def __init__(self, group_id: str, backoff: Backoff) -> None:
+        self.group_id = group_id
+        self.coordinator: Coordinator | None = None
+        self._in_flight = False
+        self._episode = _Episode(f"FindCoordinator for group {group_id!r}", backoff)
+        self.last_error: tuple[int, str] | None = None
+
+    @property
+    def in_flight(self) -> bool:
+        return self._in_flight
+
+    def poll(self, now_ms: int, needed: bool) -> FindCoordinatorSend | None:
+        if self.coordinator is not None or not needed or self._in_flight:
+            return None
+        if self._episode.remaining(now_ms) > 0:
+            return None
+        self._in_flight = True
+        return FindCoordinatorSend(self.group_id)
+
+    def time_until_next_poll(self, now_ms: int, needed: bool, idle_ms: int) -> int:
+        if self.coordinator is not None or not needed or self._in_flight:
+            return idle_ms
+        return self._episode.remaining(now_ms)
+
+    def on_response(self, now_ms: int, coordinator: Coordinator) -> tuple[int, str] | None:
+        """Apply the answer; return ``(code, message)`` for an error the application must
+        hear about (authorization), else None. Every error is retried with backoff."""
+        self._in_flight = False
+        if coordinator.error_code == E.NONE:
+            self._episode.succeeded()
+            self.coordinator = coordinator
+            self.last_error = None
+            return None
+        name = E.name_of(coordinator.error_code)
+        detail = f"{name}: {coordinator.error_message}" if coordinator.error_message else name
+        self._episode.failed(now_ms, detail)
+        self.last_error = (coordinator.error_code, detail)
+        if coordinator.error_code == E.GROUP_AUTHORIZATION_FAILED:
+            return (coordinator.error_code, f"FindCoordinator for group {self.group_id!r}: "
+                    f"{detail}")  # fmt: skip
+        return None
+
+    def on_failure(self, now_ms: int, failure: Failure) -> tuple[int, str] | None:
+        """No answer; authentication and TLS failures are returned for the application."""
+        self._in_flight = False
+        self._episode.failed(now_ms, f"{failure.kind.value}: {failure.message}")
+        code = _failure_code(failure)
+        self.last_error = (code, failure.message)
+        if failure.kind is FailureKind.AUTHENTICATION:
+            return (code, f"cannot connect to the cluster: {failure.message}")
+        return None
+
+    def mark_unknown(self, reason: str) -> None:
+        if self.coordinator is not None:
+            log.info("group %s: coordinator %d marked unknown: %s", self.group_id,
+                     self.coordinator.node_id, reason)  # fmt: skip
+        self.coordinator = None
+
+
+# --------------------------------------------------------------------------------------------
+# Metadata
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class MetadataSend:
+    """Send Metadata for ``topics`` (None: every topic) to any broker."""
+
+    topics: tuple[str, ...] | None
+
+
+class MetadataManager:
+    """Topic id -> name view for the membership: fetches metadata when asked, one request at a
+    time, with backoff after failures. Requests made while one is in flight are merged."""
+
+    def __init__(self, backoff: Backoff) -> None:
+        self._wanted: set[str] | None = set()  # None: everything
+        self._want_any = False
+        self._in_flight: MetadataSend | None = None
+        self._episode = _Episode("Metadata request", backoff)
+        self.topic_names: dict[uuid.UUID, str] = {}
+        self.version = 0  # bumped whenever topic_names changes
+
+    def request(self, topics: Iterable[str] | None) -> None:
+        """Ask for ``topics`` (None: the whole cluster) on the next poll."""
+        if topics is None:
+            self._wanted = None
+        elif self._wanted is not None:
+            self._wanted.update(topics)
+        self._want_any = True
+
+    @property
+    def pending(self) -> bool:
+        return self._want_any or self._in_flight is not None
+
+    def poll(self, now_ms: int) -> MetadataSend | None:
+        if not self._want_any or self._in_flight is not None:
+            return None
+        if self._episode.remaining(now_ms) > 0:
+            return None
+        send = MetadataSend(None if self._wanted is None else tuple(sorted(self._wanted)))
+        self._wanted, self._want_any = set(), False
+        self._in_flight = send
+        return send
+
+    def time_until_next_poll(self, now_ms: int, idle_ms: int) -> int:
+        if not self._want_any or self._in_flight is not None:
+            return idle_ms
+        return self._episode.remaining(now_ms)
+
+    def on_response(self, now_ms: int, metadata: ClusterMetadata) -> None:
+        self._in_flight = None
+        self._episode.succeeded()
+        changed = False
+        for t in metadata.topics:
+            known = t.error_code == E.NONE and t.topic_id.int != 0
+            if known and self.topic_names.get(t.topic_id) != t.name:
+                self.topic_names[t.topic_id] = t.name
+                changed = True
+        if changed:
+            self.version += 1
+
+    def on_failure(self, now_ms: int, failure: Failure) -> None:
+        sent, self._in_flight = self._in_flight, None
+        self._episode.failed(now_ms, f"{failure.kind.value}: {failure.message}")
+        if sent is not None:  # ask again for what the failed request carried
+            self.request(None if sent.topics is None else sent.topics)
+
+
+# --------------------------------------------------------------------------------------------
+# Commits
+# --------------------------------------------------------------------------------------------
+
+
+class OffsetLike(Protocol):
+    @property
+    def offset(self) -> int: ...
+
+    @property
+    def leader_epoch(self) -> int: ...
+
+    @property
+    def metadata(self) -> str | None: ...
+
+
+class CommitKind(enum.Enum):
+    """Who asked, which sets the retry policy (reference §8)."""
+
+    SYNC = "SYNC"  # commit(asynchronous=False): retries retriable errors until its deadline
+    ASYNC = "ASYNC"  # commit(): never retries a rejected request
+    AUTO = "AUTO"  # enable.auto.commit: one in flight, never retried, failures logged
+    REBALANCE = "REBALANCE"  # before revoking/leaving: like SYNC, and STALE_MEMBER_EPOCH retries
+
+
+@dataclass(frozen=True, slots=True)
+class CommitResult:
+    """A finished commit: what was committed, and the error if any partition failed."""
+
+    commit_id: int
+    kind: CommitKind
+    committed: Mapping[Partition, int]
+    error_code: int = 0
+    error_message: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.error_code == 0
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetCommitSend:
+    """Send ``request`` to the group coordinator and report the outcome with ``commit_id``."""
+
+    commit_id: int
+    request: OffsetCommitRequest
+
+
+@dataclass(slots=True)
+class _Pending:
+    commit_id: int
+    kind: CommitKind
+    offsets: dict[Partition, OffsetLike]
+    deadline_ms: int
+    committed: dict[Partition, int] = field(default_factory=dict)
+    attempts: int = 0
+    retry_at_ms: int = 0
+    in_flight: bool = False
+
+
+class CommitRequestManager:
+    """Queues OffsetCommits and applies the reference client's retry policy.
+
+    Offsets carry the member id and epoch read at send time (-1 outside the group). A commit
+    below what this member already committed for a partition is skipped, so committed offsets
+    never go backwards through this member.
+    """
+
+    def __init__(
+        self,
+        group_id: str,
+        instance_id: str | None,
+        backoff: Backoff,
+        *,
+        auto_commit_interval_ms: int = 0,
+        default_timeout_ms: int = 60_000,
+    ) -> None:
+        self.group_id = group_id
+        self.instance_id = instance_id
+        self._backoff = backoff
+        self._auto_interval = auto_commit_interval_ms
+        self._default_timeout = default_timeout_ms
+        self._queue: list[_Pending] = []
+        self._completed: list[CommitResult] = []
+        self._last_committed: dict[Partition, int] = {}
+        self._next_id = 1
+        self._next_auto_ms: int | None = None
+
+    # -- queueing ------------------------------------------------------------------------
+
+    def commit(
+        self,
+        now_ms: int,
+        offsets: Mapping[Partition, OffsetLike],
+        kind: CommitKind,
+        timeout_ms: int | None = None,
+    ) -> int:
+        """Queue a commit; returns its id (its :class:`CommitResult` carries the same id)."""
+        commit_id = self._next_id
+        self._next_id += 1
+        todo = {
+            p: o for p, o in offsets.items()
+            if o.offset >= 0 and o.offset > self._last_committed.get(p, -1)
+        }  # fmt: skip
+        deadline = now_ms + (self._default_timeout if timeout_ms is None else max(timeout_ms, 0))
+        pending = _Pending(commit_id, kind, todo, deadline)
+        if not todo:
+            self._completed.append(CommitResult(commit_id, kind, {}))
+        else:
+            self._queue.append(pending)
+        if kind is CommitKind.AUTO:
+            self._next_auto_ms = now_ms + self._auto_interval
+        return commit_id
+
+    def auto_commit_due(self, now_ms: int) -> bool:
+        """Whether the host should queue an auto-commit now (interval elapsed, none pending)."""
+        if self._auto_interval <= 0:
+            return False
+        if self._next_auto_ms is None:
+            self._next_auto_ms = now_ms + self._auto_interval
+            return False
+        if now_ms < self._next_auto_ms:
+            return False
+        if any(p.kind is CommitKind.AUTO for p in self._queue):
+            self._next_auto_ms = now_ms + self._auto_interval
+            return False
+        return True
+
+    def skip_auto_commit(self, now_ms: int) -> None:
+        """Nothing to auto-commit now (e.g. not in the group): wait for the next interval."""
+        self._next_auto_ms = now_ms + self._auto_interval
+
+    def forget(self, partitions: Iterable[Partition]) -> None:
+        """Drop the no-regression memory of partitions this member no longer owns."""
+        for p in partitions:
+            self._last_committed.pop(p, None)
+
+    def last_committed(self) -> dict[Partition, int]:
+        return dict(self._last_committed)
+
+    @property
+    def pending(self) -> int:
+        """Commits queued or in flight."""
+        return len(self._queue)
+
+    @property
+    def coordinator_needed(self) -> bool:
+        return bool(self._queue)
+
+    def drain_completed(self) -> list[CommitResult]:
+        out, self._completed = self._completed, []
+        return out
+
+    # -- network side --------------------------------------------------------------------
+
+    def poll(
+        self, now_ms: int, member_id: str, member_epoch: int, coordinator_known: bool
+    ) -> list[OffsetCommitSend]:
+        self._expire(now_ms)
+        if not coordinator_known:
+            return []
+        sends = []
+        epoch = member_epoch if member_epoch > 0 else -1
+        for p in self._queue:
+            if p.in_flight or now_ms < p.retry_at_ms:
+                continue
+            p.in_flight = True
+            p.attempts += 1
+            request = OffsetCommitRequest(
+                group_id=self.group_id,
+                member_id=member_id,
+                member_epoch=epoch,
+                instance_id=self.instance_id,
+                offsets=tuple(
+                    OffsetCommitPartition(t, n, o.offset, o.leader_epoch, o.metadata)
+                    for (t, n), o in sorted(p.offsets.items())
+                ),
+            )
+            sends.append(OffsetCommitSend(p.commit_id, request))
+        return sends
+
+    def time_until_next_poll(self, now_ms: int, coordinator_known: bool, idle_ms: int) -> int:
+        wait = idle_ms
+        if self._auto_interval > 0 and self._next_auto_ms is not None:
+            wait = min(wait, max(0, self._next_auto_ms - now_ms))
+        for p in self._queue:
+            wait = min(wait, max(0, p.deadline_ms - now_ms))
+            if not p.in_flight and coordinator_known:
+                wait = min(wait, max(0, p.retry_at_ms - now_ms))
+        return wait
+
+    def _find(self, commit_id: int) -> _Pending | None:
+        for p in self._queue:
+            if p.commit_id == commit_id:
+                return p
+        return None
+
+    def on_response(self, now_ms: int, commit_id: int, results: Iterable[PartitionResult]) -> bool:
+        """Apply an OffsetCommit response; True if the coordinator must be rediscovered."""
+        p = self._find(commit_id)
+        if p is None:
+            return False
+        p.in_flight = False
+        failed: list[PartitionResult] = []
+        for r in results:
+            key = (r.topic, r.partition)
+            if key not in p.offsets:
+                continue
+            if r.error_code == E.NONE:
+                offset = p.offsets.pop(key).offset
+                p.committed[key] = offset
+                if offset > self._last_committed.get(key, -1):
+                    self._last_committed[key] = offset
+            else:
+                failed.append(r)
+        rediscover = any(r.error_code in _REDISCOVER for r in failed)
+        if not failed and not p.offsets:
+            self._finish(p, 0, "")
+            return rediscover
+        if not failed:  # the broker left partitions out of its answer
+            self._finish(p, int(E.UNKNOWN_SERVER_ERROR), "partitions missing from the response")
+            return rediscover
+        code = failed[0].error_code
+        detail = ", ".join(f"{r.topic}[{r.partition}]={E.name_of(r.error_code)}" for r in failed)
+        self._retry_or_fail(now_ms, p, code, detail)
+        return rediscover
+
+    def on_failure(self, now_ms: int, commit_id: int, failure: Failure) -> bool:
+        """The OffsetCommit got no answer; True if the coordinator must be rediscovered."""
+        p = self._find(commit_id)
+        if p is None:
+            return False
+        p.in_flight = False
+        code = _failure_code(failure)
+        retriable = failure.kind.retriable
+        if retriable:
+            self._retry_or_fail(now_ms, p, code, f"{failure.kind.value}: {failure.message}")
+        else:
+            self._finish(p, code, failure.message)
+        return failure.kind in (FailureKind.DISCONNECTED, FailureKind.TIMEOUT)
+
+    def _retry_or_fail(self, now_ms: int, p: _Pending, code: int, detail: str) -> None:
+        retriable = code in COMMIT_RETRIABLE or (
+            p.kind is CommitKind.REBALANCE and code == E.STALE_MEMBER_EPOCH
+        )
+        if not retriable or p.kind in (CommitKind.ASYNC, CommitKind.AUTO):
+            self._finish(p, code, detail)
+            return
+        delay = self._backoff.backoff_ms(p.attempts - 1)
+        if now_ms + delay >= p.deadline_ms:
+            self._finish(p, code, f"{detail} (gave up at the commit timeout)")
+            return
+        p.retry_at_ms = now_ms + delay
+        log.debug("group %s: commit %d failed (%s); retrying in %d ms", self.group_id,
+                  p.commit_id, detail, delay)  # fmt: skip
+
+    def _expire(self, now_ms: int) -> None:
+        for p in list(self._queue):
+            if not p.in_flight and now_ms >= p.deadline_ms:
+                self._finish(p, int(E.REQUEST_TIMED_OUT), "the commit timed out before it "
+                             "could be sent (no coordinator)")  # fmt: skip
+
+    def _finish(self, p: _Pending, code: int, detail: str) -> None:
+        self._queue.remove(p)
+        message = ""
+        if code:
+            message = f"commit failed: {E.name_of(code)}: {detail}".rstrip(": ")
+            level = logging.DEBUG if p.kind is CommitKind.SYNC else logging.WARNING
+            log.log(level, "group %s: %s commit %s", self.group_id, p.kind.value.lower(), message)
+        self._completed.append(CommitResult(p.commit_id, p.kind, dict(p.committed), code, message))
