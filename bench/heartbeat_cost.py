@@ -1,16 +1,29 @@
 """Heartbeat cost: CPU per heartbeat and how many members one process holds at a 1 s interval.
 
-N GroupMembers (membership only, no data plane) join one group on EmbeddedKafka with a
-1000 ms heartbeat interval; once stable, the process's CPU time over a window is divided by
-the heartbeats sent in it. The mock broker runs in its own process and is not counted.
+N members (membership only, no data plane) join one group on EmbeddedKafka with a 1000 ms
+heartbeat interval; the application polls each every 200 ms. Once all are stable (or the join
+deadline passed), the process's CPU time over a window is divided by the heartbeats sent in
+it. The mock broker runs in its own process and is not counted.
+
+Two runtimes, measured the same way in the same run:
+
+- ``threads``: ``GroupMember``, one background thread and its own connections per member.
+- ``loop``: ``MemberNetwork`` on the shared network loop (one thread, one connection per
+  broker for the whole process), driven by an application side that does what a facade does
+  per poll: post the poll event, drain background events, run (empty) rebalance callbacks.
+
+    python -m bench.heartbeat_cost [--quick] [--runtime threads|loop|both] [--sizes 100,1000]
 """
 
 from __future__ import annotations
 
+import argparse
 import resource
-import sys
 import time
 from typing import Any
+
+WINDOW_S = 10.0
+POLL_EVERY_S = 0.2
 
 
 def _cpu_s() -> float:
@@ -18,62 +31,170 @@ def _cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def measure(members: int, window_s: float) -> dict[str, float]:
-    from consumer_sdk import GroupMember, MemberState
+class _ThreadMember:
+    def __init__(self, bootstrap: str) -> None:
+        from consumer_sdk import GroupMember
+
+        self.m = GroupMember({"bootstrap.servers": bootstrap, "group.id": "hb",
+                              "enable.auto.commit": False})  # fmt: skip
+        self.m.subscribe(["hb"])
+
+    def poll(self) -> None:
+        self.m.poll(0)
+
+    def stable(self) -> bool:
+        from consumer_sdk import MemberState
+
+        return self.m.state is MemberState.STABLE
+
+    def heartbeats(self) -> float:
+        return self.m.metrics()["heartbeat-total"]
+
+    def start_close(self) -> None:
+        self.m.close(timeout=2)
+
+    def closed(self) -> bool:
+        return True
+
+
+class _LoopMember:
+    """The application side of a shared-loop member, as a facade runs it."""
+
+    def __init__(self, bootstrap: str) -> None:
+        from consumer_sdk.config import ConsumerConfig
+        from consumer_sdk.membership import Subscribe
+        from consumer_sdk.runtime.member_network import MemberNetwork
+
+        conf = {"bootstrap.servers": bootstrap, "group.id": "hb", "enable.auto.commit": False}
+        self.net = MemberNetwork(ConsumerConfig.from_mapping(conf))
+        self.net.submit(Subscribe(topics=("hb",)))
+        self.left = False
+        self.closing = False
+
+    def poll(self) -> None:
+        from consumer_sdk.membership import (
+            CallbackCompleted,
+            CallbacksNeeded,
+            CommitCompleted,
+            CommitNeeded,
+            LeaveCompleted,
+        )
+
+        if not self.closing:
+            self.net.note_poll()
+        for event in self.net.drain_background_events():
+            if isinstance(event, CallbacksNeeded):
+                self.net.submit(CallbackCompleted(event.callback_id))
+            elif isinstance(event, CommitNeeded):
+                self.net.submit(CommitCompleted(event.commit_id))
+            elif isinstance(event, LeaveCompleted):
+                self.left = True
+
+    def stable(self) -> bool:
+        from consumer_sdk.membership import MemberState
+
+        return self.net.state is MemberState.STABLE
+
+    def heartbeats(self) -> float:
+        return self.net.core.metrics.snapshot(0)["heartbeat-total"]
+
+    def start_close(self) -> None:
+        from consumer_sdk.membership import Close
+
+        self.closing = True
+        self.net.submit(Close())
+
+    def closed(self) -> bool:
+        self.poll()
+        if self.left:
+            self.net.stop()
+        return self.left
+
+
+def measure(members: int, window_s: float = WINDOW_S, runtime: str = "threads") -> dict[str, Any]:
     from consumer_sdk.testing import EmbeddedKafka
 
+    factory = _ThreadMember if runtime == "threads" else _LoopMember
     with EmbeddedKafka(brokers=1, heartbeat_interval_ms=1000, session_timeout_ms=30000) as kafka:
         kafka.create_topic("hb", partitions=max(members, 1))
         group: list[Any] = []
         try:
+            t_join = time.monotonic()
             for _ in range(members):
-                m = GroupMember({"bootstrap.servers": kafka.bootstrap_servers, "group.id": "hb",
-                                 "enable.auto.commit": False})  # fmt: skip
-                m.subscribe(["hb"])
-                group.append(m)
+                group.append(factory(kafka.bootstrap_servers))
             deadline = time.monotonic() + 60 + members * 0.1
             while time.monotonic() < deadline:
                 for m in group:
-                    m.poll(0)
-                if all(m.state is MemberState.STABLE for m in group):
+                    m.poll()
+                if all(m.stable() for m in group):
                     break
                 time.sleep(0.05)
-            stable = sum(m.state is MemberState.STABLE for m in group)
+            join_s = time.monotonic() - t_join
             time.sleep(1.5)  # let join-time traffic drain
-            hb0 = sum(m.metrics()["heartbeat-total"] for m in group)
+            hb0 = sum(m.heartbeats() for m in group)
             cpu0, t0 = _cpu_s(), time.monotonic()
             end = t0 + window_s
             while time.monotonic() < end:
+                tick = time.monotonic()
                 for m in group:
-                    m.poll(0)  # the application keeps polling (poll timer)
-                time.sleep(0.2)
+                    m.poll()  # the application keeps polling (poll timer)
+                time.sleep(max(0.0, POLL_EVERY_S - (time.monotonic() - tick)))
             cpu = _cpu_s() - cpu0
             wall = time.monotonic() - t0
-            beats = sum(m.metrics()["heartbeat-total"] for m in group) - hb0
+            beats = sum(m.heartbeats() for m in group) - hb0
+            stable = sum(m.stable() for m in group)
         finally:
             for m in group:
-                m.close(timeout=2)
+                m.start_close()
+            close_deadline = time.monotonic() + 30
+            while time.monotonic() < close_deadline and not all(m.closed() for m in group):
+                time.sleep(0.05)
     return {
+        "runtime": runtime,
         "members": members,
         "stable": stable,
+        "join_s": join_s,
         "heartbeats_per_s": beats / wall,
         "cpu_core_fraction": cpu / wall,
         "cpu_us_per_heartbeat": cpu / beats * 1e6 if beats else float("nan"),
     }
 
 
-def run(quick: bool = False) -> dict[str, Any]:
-    sizes = [10, 100] if quick else [10, 100, 300, 1000]
-    window = 5.0 if quick else 10.0
-    rows = [measure(n, window) for n in sizes]
-    biggest = rows[-1]
-    return {"rows": rows, "goal": "1000 members under 20% of one core",
-            "largest_cpu_fraction": biggest["cpu_core_fraction"]}  # fmt: skip
+def run(
+    quick: bool = False, runtimes: tuple[str, ...] = ("threads", "loop"),
+    sizes: list[int] | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    window = 5.0 if quick else WINDOW_S
+    rows = []
+    for runtime in runtimes:
+        if sizes is not None:
+            chosen = sizes
+        elif runtime == "threads":
+            chosen = [10, 100] if quick else [10, 100, 300, 1000]
+        else:
+            chosen = [10, 100, 1000] if quick else [10, 100, 300, 1000, 2000]
+        rows.extend(measure(n, window, runtime) for n in chosen)
+    goal_rows = [r for r in rows if r["members"] == 1000]
+    largest = goal_rows[-1]["cpu_core_fraction"] if goal_rows else None
+    return {"rows": rows, "goal": "1000 members under 20% of one core, all stable",
+            "largest_cpu_fraction": largest}  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--runtime", choices=["threads", "loop", "both"], default="both")
+    parser.add_argument("--sizes", help="comma-separated member counts")
+    args = parser.parse_args()
+    runtimes = ("threads", "loop") if args.runtime == "both" else (args.runtime,)
+    sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else None
+    result = run(args.quick, runtimes, sizes)
+    for row in result["rows"]:
+        print(f"{row['runtime']:>7} {row['members']:>5} members ({row['stable']} stable, joined "
+              f"in {row['join_s']:.1f}s): {row['heartbeats_per_s']:.0f} HB/s, "
+              f"{row['cpu_core_fraction'] * 100:.1f}% of a core, "
+              f"{row['cpu_us_per_heartbeat']:.0f} us CPU per heartbeat", flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":
-    result = run(quick="--quick" in sys.argv)
-    for row in result["rows"]:
-        print(f"{row['members']:>5} members ({row['stable']} stable): "
-              f"{row['heartbeats_per_s']:.0f} HB/s, {row['cpu_core_fraction'] * 100:.1f}% of a "
-              f"core, {row['cpu_us_per_heartbeat']:.0f} us CPU per heartbeat")  # fmt: skip
+    main()

@@ -164,6 +164,15 @@ class BrokerConnection:
             raise
         log.debug("connected to %s:%s (node %s)", self.host, self.port, self.node_id)
 
+    def detach(self) -> tuple[socket.socket, int]:
+        """Hand the open, negotiated socket over (to a multiplexing owner) with the next
+        correlation id to use; this object is closed afterwards."""
+        with self._lock:
+            sock, self._sock = self._sock, None
+            if sock is None:
+                raise KafkaTransportError(f"connection to {self.host}:{self.port} is closed")
+            return sock, (self._correlation_id + 1) & 0x7FFFFFFF
+
     def close(self) -> None:
         sock, self._sock = self._sock, None
         if sock is not None:

@@ -34,9 +34,8 @@ requests = st.builds(
     subscribed_topic_names=st.none() | st.lists(text.filter(bool), max_size=5).map(tuple),
     subscribed_topic_regex=maybe_text,
     server_assignor=maybe_text,
-    topic_partitions=st.none() | st.lists(topic_partitions, max_size=4).map(
-        lambda ts: tuple(t[0] for t in ts)
-    ),
+    topic_partitions=st.none()
+    | st.lists(topic_partitions, max_size=4).map(lambda ts: tuple(t[0] for t in ts)),
 )
 
 

@@ -1,0 +1,361 @@
+"""A non-blocking broker connection with many requests in flight, matched by correlation id.
+
+:class:`MuxConnection` is driven by one network thread (see
+:class:`consumer_sdk.runtime.netloop.NetworkLoop`): the thread calls :meth:`MuxConnection.submit`
+to queue requests, and :meth:`~MuxConnection.on_readable` / :meth:`~MuxConnection.flush` when
+the selector says so. Setting the connection up (TCP connect, TLS handshake, ApiVersions, SASL)
+reuses the blocking :class:`~consumer_sdk.protocol.connection.BrokerConnection`, so every
+security setting behaves exactly as for a dedicated connection; the negotiated socket is then
+handed over, switched to non-blocking mode, and shared.
+
+As with the blocking connection, a framing error, a timed-out request or a socket error closes
+the connection and fails every request on it: a late or garbled response can never be read as
+the answer to another request. Requests get their results through callbacks, on the network
+thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import socket
+import ssl
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, Protocol, TypeVar
+
+from kio.static.protocol import ResponsePayload
+
+from consumer_sdk.domain import HeartbeatRequest, HeartbeatResponse
+from consumer_sdk.errors import (
+    KafkaException,
+    KafkaTimeoutError,
+    KafkaTransportError,
+    ProtocolError,
+    UnsupportedBrokerError,
+)
+from consumer_sdk.protocol import messages as m
+from consumer_sdk.protocol.connection import BrokerConnection, pick_version
+from consumer_sdk.protocol.framing import (
+    FrameReader,
+    decode_response,
+    encode_request,
+    peek_correlation_id,
+)
+from consumer_sdk.protocol.heartbeat_codec import HeartbeatEncoder
+from consumer_sdk.protocol.security import ConnectionSettings
+
+__all__ = ["Call", "Done", "HeartbeatCall", "KioCall", "MuxConnection"]
+
+log = logging.getLogger("consumer_sdk.protocol")
+
+T = TypeVar("T")
+T_co = TypeVar("T_co", covariant=True)
+
+#: ``done(result, error)``: exactly one of them is None.
+Done = Callable[[Any, KafkaException | None], None]
+
+_RECV_BYTES = 256 * 1024
+
+
+class Call(Protocol[T_co]):
+    """One request: how to encode it for a negotiated connection and decode its answer."""
+
+    api_key: int
+    client_id: str | None
+
+    def encode(self, api_versions: dict[int, tuple[int, int]], correlation_id: int) -> bytes: ...
+
+    def decode(self, frame: bytes, correlation_id: int) -> T_co: ...
+
+
+class KioCall(Generic[T]):
+    """A request built with :mod:`consumer_sdk.protocol.messages` (``build(version)``), its
+    response converted to a domain type by ``convert``."""
+
+    def __init__(
+        self,
+        api_key: int,
+        build: Callable[[int], m.Call],
+        convert: Callable[[Any], T],
+        client_id: str | None,
+    ) -> None:
+        self.api_key = api_key
+        self.client_id = client_id
+        self._build = build
+        self._convert = convert
+        self._response_type: type[ResponsePayload] | None = None
+
+    def encode(self, api_versions: dict[int, tuple[int, int]], correlation_id: int) -> bytes:
+        version = pick_version(api_versions, self.api_key, m.SUPPORTED_VERSIONS[self.api_key])
+        if version is None:
+            raise UnsupportedBrokerError(
+                f"the broker supports no version of API {self.api_key} that this SDK implements"
+            )
+        payload, self._response_type = self._build(version)
+        return encode_request(payload, correlation_id, self.client_id)
+
+    def decode(self, frame: bytes, correlation_id: int) -> T:
+        assert self._response_type is not None
+        return self._convert(decode_response(frame, self._response_type, correlation_id))
+
+
+_HB_RESPONSES: dict[int, type[ResponsePayload]] = {}
+
+
+def _hb_response_type(version: int) -> type[ResponsePayload]:
+    rt = _HB_RESPONSES.get(version)
+    if rt is None:
+        _, rt = m.heartbeat_call(HeartbeatRequest("g", "m", 0), version)
+        _HB_RESPONSES[version] = rt
+    return rt
+
+
+class HeartbeatCall:
+    """A ConsumerGroupHeartbeat encoded by the shared fast encoder."""
+
+    api_key = m.API_CONSUMER_GROUP_HEARTBEAT
+
+    def __init__(
+        self, request: HeartbeatRequest, encoder: HeartbeatEncoder, client_id: str | None
+    ) -> None:
+        self.request = request
+        self.client_id = client_id
+        self._encoder = encoder
+        self._version = 0
+
+    def encode(self, api_versions: dict[int, tuple[int, int]], correlation_id: int) -> bytes:
+        version = pick_version(api_versions, self.api_key, m.SUPPORTED_VERSIONS[self.api_key])
+        if version is None:
+            raise UnsupportedBrokerError(
+                "the broker does not support ConsumerGroupHeartbeat (API 68): the KIP-848 "
+                "consumer group protocol needs Apache Kafka 4.0+"
+            )
+        self._version = version
+        try:
+            return self._encoder.encode(self.request, version, correlation_id, self.client_id)
+        except ValueError as exc:  # e.g. a regex subscription on a v0-only broker
+            raise UnsupportedBrokerError(str(exc)) from None
+
+    def decode(self, frame: bytes, correlation_id: int) -> HeartbeatResponse:
+        resp = decode_response(frame, _hb_response_type(self._version), correlation_id)
+        return m.heartbeat_from_kio(resp)
+
+
+@dataclass(slots=True)
+class _Waiter:
+    call: Call[Any]
+    done: Done
+    deadline: float
+    correlation_id: int = -1
+
+
+class MuxConnection:
+    """One shared connection to ``host:port`` with ``settings``; see the module docstring.
+
+    ``connect(settings, host, port, timeout)`` runs the blocking setup off the network thread
+    (the owner decides where); the owner reports its outcome with :meth:`connected` or
+    :meth:`connect_failed`.
+    """
+
+    NEW, CONNECTING, READY, CLOSED = "NEW", "CONNECTING", "READY", "CLOSED"
+
+    def __init__(self, host: str, port: int, settings: ConnectionSettings) -> None:
+        self.host = host
+        self.port = port
+        self.settings = settings
+        self.state = self.NEW
+        self.sock: socket.socket | None = None
+        self.api_versions: dict[int, tuple[int, int]] = {}
+        self.failures = 0  # consecutive failed connection attempts
+        self.retry_at = 0.0
+        self._cid = 0
+        self._queued: deque[_Waiter] = deque()  # waiting for the connection
+        self._in_flight: dict[int, _Waiter] = {}
+        self._out = bytearray()
+        self._reader = FrameReader(settings.receive_message_max_bytes)
+        #: Called with the socket just before it is closed (the owner unregisters it).
+        self.before_close: Callable[[socket.socket], None] | None = None
+
+    def __repr__(self) -> str:
+        return (
+            f"MuxConnection({self.host}:{self.port}, {self.state}, "
+            f"in_flight={len(self._in_flight)}, queued={len(self._queued)})"
+        )
+
+    @property
+    def wants_write(self) -> bool:
+        return bool(self._out)
+
+    @property
+    def idle(self) -> bool:
+        return not self._queued and not self._in_flight
+
+    def waiters(self) -> Sequence[_Waiter]:
+        return [*self._queued, *self._in_flight.values()]
+
+    # -- requests -----------------------------------------------------------------------
+
+    def submit(self, call: Call[Any], done: Done, deadline: float) -> None:
+        """Queue ``call``; ``done`` runs once with its result or error (network thread)."""
+        waiter = _Waiter(call, done, deadline)
+        if self.state == self.READY:
+            self._write(waiter)
+        else:
+            self._queued.append(waiter)
+
+    def _write(self, waiter: _Waiter) -> None:
+        self._cid = (self._cid + 1) & 0x7FFFFFFF
+        waiter.correlation_id = self._cid
+        try:
+            data = waiter.call.encode(self.api_versions, self._cid)
+        except KafkaException as exc:
+            _complete(waiter, None, exc)
+            return
+        self._in_flight[self._cid] = waiter
+        self._out += data
+
+    def expire(self, now: float) -> float | None:
+        """Fail queued requests past their deadline; a timed-out request in flight closes the
+        connection. Returns the earliest remaining deadline."""
+        for w in [w for w in self._queued if w.deadline <= now]:
+            self._queued.remove(w)
+            _complete(w, None, KafkaTimeoutError(
+                f"{type(w.call).__name__} to {self.host}:{self.port} timed out waiting for "
+                "the connection"))  # fmt: skip
+        late = [w for w in self._in_flight.values() if w.deadline <= now]
+        if late:
+            self.close(KafkaTimeoutError(
+                f"request to {self.host}:{self.port} timed out (correlation id "
+                f"{late[0].correlation_id}); closing the connection"))  # fmt: skip
+            return None
+        deadlines = [w.deadline for w in self.waiters()]
+        return min(deadlines) if deadlines else None
+
+    # -- connection setup -----------------------------------------------------------------
+
+    def start_connecting(self) -> None:
+        self.state = self.CONNECTING
+
+    def connected(self, conn: BrokerConnection) -> None:
+        """The blocking setup succeeded: take its socket over and send what is queued."""
+        if self.state != self.CONNECTING:
+            conn.close()
+            return
+        sock, self._cid = conn.detach()
+        self._cid = (self._cid - 1) & 0x7FFFFFFF
+        sock.setblocking(False)
+        self.sock = sock
+        self.api_versions = conn.api_versions
+        self.state = self.READY
+        self.failures = 0
+        self._reader = FrameReader(self.settings.receive_message_max_bytes)
+        queued, self._queued = self._queued, deque()
+        for w in queued:
+            self._write(w)
+
+    def connect_failed(self, exc: KafkaException, backoff_s: float, now: float) -> None:
+        self.failures += 1
+        self.retry_at = now + backoff_s
+        self.state = self.NEW
+        queued, self._queued = self._queued, deque()
+        for w in queued:
+            _complete(w, None, exc)
+
+    # -- socket events ----------------------------------------------------------------------
+
+    def flush(self) -> None:
+        """Write as much of the pending output as the socket takes."""
+        sock = self.sock
+        if sock is None or not self._out:
+            return
+        try:
+            sent = sock.send(self._out)
+        except (BlockingIOError, ssl.SSLWantWriteError, ssl.SSLWantReadError):
+            return
+        except OSError as exc:
+            self.close(KafkaTransportError(
+                f"send to {self.host}:{self.port} failed: {exc.strerror or exc}"))  # fmt: skip
+            return
+        del self._out[:sent]
+
+    def on_readable(self) -> None:
+        """Read what arrived and complete the requests it answers."""
+        sock = self.sock
+        if sock is None:
+            return
+        frames: list[bytes] = []
+        try:
+            while True:
+                try:
+                    data = sock.recv(_RECV_BYTES)
+                except (BlockingIOError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
+                    break
+                if not data:
+                    raise KafkaTransportError(f"connection to {self.host}:{self.port} closed "
+                                              "by the broker")  # fmt: skip
+                frames.extend(self._reader.feed(data))
+                if len(data) < _RECV_BYTES and not (
+                    isinstance(sock, ssl.SSLSocket) and sock.pending()
+                ):
+                    break
+        except KafkaException as exc:
+            self._deliver(frames)
+            self.close(exc)
+            return
+        except OSError as exc:
+            self._deliver(frames)
+            self.close(KafkaTransportError(
+                f"read from {self.host}:{self.port} failed: {exc.strerror or exc}"))  # fmt: skip
+            return
+        self._deliver(frames)
+
+    def _deliver(self, frames: list[bytes]) -> None:
+        for frame in frames:
+            try:
+                cid = peek_correlation_id(frame)
+            except ProtocolError as exc:
+                self.close(exc)
+                return
+            waiter = self._in_flight.pop(cid, None)
+            if waiter is None:
+                where = f"{self.host}:{self.port}"
+                self.close(
+                    ProtocolError(f"response with unknown correlation id {cid} from {where}")
+                )
+                return
+            try:
+                result = waiter.call.decode(frame, cid)
+            except ProtocolError as exc:
+                _complete(waiter, None, exc)
+                self.close(exc)
+                return
+            _complete(waiter, result, None)
+
+    def close(self, error: KafkaException | None = None) -> None:
+        """Close the socket and fail every request on this connection with ``error``."""
+        sock, self.sock = self.sock, None
+        if sock is not None:
+            if self.before_close is not None:
+                self.before_close(sock)
+            with contextlib.suppress(OSError):
+                sock.close()
+        was_ready = self.state == self.READY
+        self.state = self.NEW if error is not None else self.CLOSED
+        self._out.clear()
+        exc = error or KafkaTransportError(f"connection to {self.host}:{self.port} closed")
+        if was_ready and error is not None:
+            log.info("connection to %s:%s closed: %s", self.host, self.port, exc.args[0].str())
+        waiters = self.waiters()
+        self._queued.clear()
+        self._in_flight.clear()
+        for w in waiters:
+            _complete(w, None, exc)
+
+
+def _complete(waiter: _Waiter, result: Any, error: KafkaException | None) -> None:
+    try:
+        waiter.done(result, error)
+    except Exception:  # one member's bug must not break the shared connection
+        log.exception("request completion callback failed")

@@ -1,0 +1,533 @@
+"""The network side of one group member, driven by the shared :class:`NetworkLoop`.
+
+:class:`MemberNetwork` owns the member's sans-IO parts (the membership core with its heartbeat
+manager, and the coordinator, metadata and commit request managers) and runs them on the
+process-wide network loop: each run polls the managers, sends what they ask for over the
+shared connections, and schedules the next run at the earliest time any of them is due.
+Responses are applied on the loop thread as they arrive. There is no thread per member.
+
+The application side (a facade running callbacks on the application thread) talks to it only
+through thread-safe methods: :meth:`submit` application events, :meth:`commit` offsets,
+:meth:`drain_background_events`, :meth:`wait_for_events`, and :meth:`stop`.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from consumer_sdk.config import ConsumerConfig
+from consumer_sdk.domain import ClusterMetadata, Coordinator, HeartbeatRequest, PartitionResult
+from consumer_sdk.error_codes import ErrorCode
+from consumer_sdk.errors import (
+    KafkaException,
+    KafkaTimeoutError,
+    KafkaTransportError,
+    ProtocolError,
+    UnsupportedBrokerError,
+)
+from consumer_sdk.membership import (
+    ApplicationEvent,
+    BackgroundEvent,
+    ErrorEvent,
+    Failure,
+    FailureKind,
+    GroupMembership,
+    MembershipConfig,
+    MemberState,
+    Poll,
+)
+from consumer_sdk.membership.heartbeat import Backoff
+from consumer_sdk.membership.requests import (
+    CommitKind,
+    CommitRequestManager,
+    CommitResult,
+    CoordinatorManager,
+    MetadataManager,
+    OffsetLike,
+)
+from consumer_sdk.protocol import messages as m
+from consumer_sdk.protocol.connection import TlsHandshakeError
+from consumer_sdk.protocol.heartbeat_codec import HeartbeatEncoder
+from consumer_sdk.protocol.multiplex import HeartbeatCall, KioCall, MuxConnection
+from consumer_sdk.protocol.sasl import SaslError
+from consumer_sdk.protocol.security import parse_bootstrap_servers
+from consumer_sdk.runtime.netloop import NetworkLoop, Timer
+
+__all__ = ["MemberNetwork"]
+
+log = logging.getLogger("consumer_sdk.runtime")
+
+Partition = tuple[str, int]
+
+_COORDINATOR_ERRORS = frozenset({ErrorCode.NOT_COORDINATOR, ErrorCode.COORDINATOR_NOT_AVAILABLE})
+_IDLE_MS = 5_000
+# A stable member's poll events only reset the poll timer; see GroupMember._post_poll.
+_REBALANCE_POLL_GAP_S = 0.002
+
+_ENCODER = HeartbeatEncoder()  # used on the loop thread only
+
+
+class _TopicNames:
+    """Topic id -> name of one cluster, shared by the process's members on the loop thread:
+    a member whose assignment names known ids resolves them without a Metadata request, and
+    members needing more wait for one full request instead of each sending their own."""
+
+    def __init__(self) -> None:
+        self.names: dict[uuid.UUID, str] = {}
+        self.in_flight = False
+        self.waiters: list[Callable[[], None]] = []
+
+    def update(self, names: Mapping[uuid.UUID, str]) -> None:
+        self.names.update(names)
+        self.in_flight = False
+        waiters, self.waiters = self.waiters, []
+        for wake in waiters:
+            wake()
+
+
+def _now_ms() -> int:
+    return int(time.monotonic() * 1000)
+
+
+def failure_of(exc: KafkaException) -> Failure:
+    """How the membership core sees a request that got no answer."""
+    message = exc.args[0].str()
+    if isinstance(exc, UnsupportedBrokerError):
+        return Failure(FailureKind.UNSUPPORTED_VERSION_CLIENT, message)
+    if isinstance(exc, KafkaTimeoutError):
+        return Failure(FailureKind.TIMEOUT, message)
+    if isinstance(exc, SaslError | TlsHandshakeError):
+        return Failure(FailureKind.AUTHENTICATION, message)
+    if isinstance(exc, KafkaTransportError | ProtocolError):
+        return Failure(FailureKind.DISCONNECTED, message)
+    retriable = exc.args[0].retriable()
+    return Failure(FailureKind.RETRIABLE if retriable else FailureKind.FATAL, message)
+
+
+class MemberNetwork:
+    """One member's network side on the shared loop; see the module docstring.
+
+    ``on_events`` (optional) is called on the loop thread whenever background events or
+    commit results are ready for the application side (after :meth:`wait_for_events` waiters
+    have been woken).
+    """
+
+    def __init__(
+        self,
+        config: ConsumerConfig,
+        *,
+        loop: NetworkLoop | None = None,
+        consumed_offsets: Callable[[], Mapping[Partition, OffsetLike]] | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        c = self.config = config
+        self._settings = c.connection
+        self._client_id = c.connection.client_id
+        self._bootstrap = parse_bootstrap_servers(c.bootstrap_servers)
+        self._bootstrap_index = 0
+        self._rng = rng or random.Random()
+        self.core = GroupMembership(
+            MembershipConfig(
+                group_id=c.group_id,
+                group_instance_id=c.group_instance_id,
+                client_rack=c.client_rack,
+                remote_assignor=c.group_remote_assignor,
+                rebalance_timeout_ms=c.max_poll_interval_ms,
+                auto_commit=c.enable_auto_commit,
+                retry_backoff_ms=c.retry_backoff_ms,
+                retry_backoff_max_ms=c.retry_backoff_max_ms,
+                client_id=c.client_id,
+            ),
+            rng=self._rng,
+        )
+
+        def backoff() -> Backoff:
+            return Backoff(c.retry_backoff_ms, c.retry_backoff_max_ms, 0.2, self._rng)
+
+        self.coordinator = CoordinatorManager(c.group_id, backoff())
+        self.metadata = MetadataManager(backoff())
+        auto_ms = c.auto_commit_interval_ms if c.enable_auto_commit else 0
+        self.commits = CommitRequestManager(
+            c.group_id, c.group_instance_id, backoff(), auto_commit_interval_ms=auto_ms,
+            default_timeout_ms=c.connection.socket_timeout_ms,
+        )  # fmt: skip
+        self._consumed_offsets = consumed_offsets
+        self._lock = threading.RLock()  # the core and the managers
+        self._events = threading.Condition(threading.Lock())
+        self._results: list[CommitResult] = []
+        self._commit_waiters: dict[int, threading.Event] = {}
+        self._timer: Timer | None = None
+        self._timer_due = 0.0
+        self._wake_queued = False
+        self._metadata_version = -1
+        self._last_poll_event = 0.0
+        self._stable_poll_gap = min(1.0, c.max_poll_interval_ms / 4000)
+        self._stopped = False
+        self._conns: dict[tuple[str, int], MuxConnection] = {}
+        self._loop = loop or NetworkLoop.acquire()
+        self._owns_loop = loop is None
+        self.wake()
+
+    def __repr__(self) -> str:
+        return (f"MemberNetwork(group_id={self.config.group_id!r}, "
+                f"member_id={self.core.member_id!r}, state={self.core.state.name})")  # fmt: skip
+
+    # -- application side (thread-safe) -------------------------------------------------------
+
+    @property
+    def state(self) -> MemberState:
+        return self.core.state
+
+    @property
+    def member_id(self) -> str:
+        return self.core.member_id
+
+    @property
+    def member_epoch(self) -> int:
+        return self.core.member_epoch
+
+    def submit(self, event: ApplicationEvent) -> None:
+        """Queue an application event for the core and wake the member's run."""
+        self.core.submit(event)
+        self.wake()
+
+    def note_poll(self) -> None:
+        """The application polled: post a :class:`Poll` event. A stable member only needs its
+        poll timer reset, so it posts rarely and does not wake the loop; during a rebalance
+        every poll counts (it lets revocations run)."""
+        now = time.monotonic()
+        gap = now - self._last_poll_event
+        if gap < _REBALANCE_POLL_GAP_S:
+            return
+        if self.core.state is MemberState.STABLE:
+            if gap < self._stable_poll_gap:
+                return
+            self._last_poll_event = now
+            self.core.submit(Poll(_now_ms()))
+            return
+        self._last_poll_event = now
+        self.submit(Poll(_now_ms()))
+
+    def prefetch_metadata(self, topics: Sequence[str]) -> None:
+        """Learn these topics' ids ahead of the first assignment."""
+        if topics:
+            self._loop.call_soon(lambda: self._with_lock(lambda: self.metadata.request(topics)))
+            self.wake()
+
+    def commit(
+        self,
+        offsets: Mapping[Partition, OffsetLike],
+        kind: CommitKind,
+        timeout_s: float | None = None,
+    ) -> int:
+        """Queue a commit; its :class:`CommitResult` comes back through :meth:`drain_results`
+        (or :meth:`commit_sync` waits for it)."""
+        with self._lock:
+            commit_id = self.commits.commit(
+                _now_ms(), offsets, kind, None if timeout_s is None else int(timeout_s * 1000)
+            )
+        self.wake()
+        return commit_id
+
+    def commit_sync(
+        self, offsets: Mapping[Partition, OffsetLike], timeout_s: float, kind: CommitKind
+    ) -> CommitResult:
+        """Commit and wait for the outcome (at most ``timeout_s`` plus a little)."""
+        done = threading.Event()
+        with self._lock:
+            commit_id = self.commits.commit(_now_ms(), offsets, kind, int(timeout_s * 1000))
+            self._commit_waiters[commit_id] = done
+        self.wake()
+        done.wait(timeout_s + 1.0)
+        with self._events:
+            for i, r in enumerate(self._results):
+                if r.commit_id == commit_id:
+                    return self._results.pop(i)
+        self._commit_waiters.pop(commit_id, None)
+        return CommitResult(commit_id, kind, {}, int(ErrorCode.REQUEST_TIMED_OUT),
+                            "commit timed out")  # fmt: skip
+
+    def drain_background_events(self) -> list[BackgroundEvent]:
+        return self.core.drain_background_events()
+
+    def drain_results(self) -> list[CommitResult]:
+        """Finished commits not waited for by :meth:`commit_sync`."""
+        with self._events:
+            out, self._results = self._results, []
+        return out
+
+    def wait_for_events(self, timeout_s: float) -> None:
+        """Block until background events or commit results are ready, or ``timeout_s``."""
+        with self._events:
+            if not self.core.background_events and not self._results:
+                self._events.wait(timeout_s)
+
+    def wake(self) -> None:
+        """Run the member on the loop thread soon (from any thread)."""
+        if self._wake_queued or self._stopped:
+            return
+        self._wake_queued = True
+        self._loop.call_soon(self._run)
+
+    def stop(self) -> None:
+        """Detach from the loop (after the application side has left the group)."""
+        if self._stopped:
+            return
+        self._stopped = True
+        done = threading.Event()
+
+        def cancel() -> None:
+            if self._timer is not None:
+                self._timer.cancel()
+            done.set()
+
+        if self._loop.running:
+            self._loop.call_soon(cancel)
+            if not self._loop.in_loop_thread:
+                done.wait(5.0)
+        if self._owns_loop:
+            self._loop.release()
+
+    # -- loop side ----------------------------------------------------------------------------
+
+    def _with_lock(self, fn: Callable[[], None]) -> None:
+        with self._lock:
+            fn()
+
+    def _run(self) -> None:
+        self._wake_queued = False
+        if self._stopped:
+            return
+        now = _now_ms()
+        with self._lock:
+            wait_ms = self._run_locked(now)
+        self._notify()
+        self._schedule(wait_ms)
+
+    def _run_locked(self, now: int) -> int:
+        core, coord = self.core, self.coordinator
+        # Coordinator
+        needed = core.coordinator_needed or self.commits.coordinator_needed
+        if coord.coordinator is not None and not core.coordinator_known:
+            core.on_coordinator_known(now)
+        find = coord.poll(now, needed)
+        if find is not None:
+            self._send_any(KioCall(
+                m.API_FIND_COORDINATOR, lambda v: m.find_coordinator_call(find.group_id, v),
+                lambda r: m.find_coordinator_from_kio(find.group_id, r), self._client_id),
+                self._on_coordinator)  # fmt: skip
+        # Metadata
+        if core.metadata_needed and not self.metadata.pending:
+            self._resolve_topics(now)
+        send = self.metadata.poll(now)
+        if send is not None:
+            if send.topics is None:
+                self._topic_view().in_flight = True
+            topics = None if send.topics is None else list(send.topics)
+            self._send_any(KioCall(
+                m.API_METADATA, lambda v: m.metadata_call(topics, v), m.metadata_from_kio,
+                self._client_id), self._on_metadata)  # fmt: skip
+        # Heartbeat
+        result = core.poll(now)
+        if result.request is not None:
+            self._send_heartbeat(result.request)
+        # Commits
+        if self.commits.auto_commit_due(now):
+            self._auto_commit(now)
+        known = coord.coordinator is not None
+        for c in self.commits.poll(now, core.member_id, core.member_epoch, known):
+            req, commit_id = c.request, c.commit_id
+            self._send_coordinator(KioCall(
+                m.API_OFFSET_COMMIT, lambda v, r=req: m.offset_commit_call(r, v),  # type: ignore[misc]
+                m.offset_commit_from_kio, self._client_id),
+                lambda res, err, i=commit_id: self._on_commit(i, res, err))  # type: ignore[misc]  # fmt: skip
+        wait = core.time_until_next_poll(now)
+        if core.coordinator_needed or self.commits.coordinator_needed:
+            wait = min(wait, coord.time_until_next_poll(now, True, _IDLE_MS))
+        wait = min(wait, self.metadata.time_until_next_poll(now, _IDLE_MS))
+        return min(wait, self.commits.time_until_next_poll(now, known, _IDLE_MS))
+
+    def _topic_view(self) -> _TopicNames:
+        key = ("topic-names", self._loop.connection_key(self._settings), tuple(self._bootstrap))
+        view: _TopicNames = self._loop.shared(key, _TopicNames)
+        return view
+
+    def _resolve_topics(self, now: int) -> None:
+        view = self._topic_view()
+        unresolved = self.core.unresolved_topic_ids
+        if unresolved and unresolved <= view.names.keys():
+            self.core.on_metadata(now, {**self.metadata.topic_names, **view.names})
+        elif view.in_flight:
+            view.waiters.append(self.wake)
+        else:
+            self.metadata.request(None)
+
+    def _schedule(self, wait_ms: int) -> None:
+        due = time.monotonic() + max(wait_ms, 0) / 1000
+        if self._timer is not None and not self._timer.cancelled:
+            if abs(self._timer_due - due) < 0.001:
+                return
+            self._timer.cancel()
+        self._timer_due = due
+        self._timer = self._loop.call_at(due, self._run)
+
+    def _notify(self) -> None:
+        self._collect_results()
+        if self.core.background_events or self._results:
+            with self._events:
+                self._events.notify_all()
+
+    def _collect_results(self) -> None:
+        with self._lock:
+            done = self.commits.drain_completed()
+        if not done:
+            return
+        with self._events:
+            for r in done:
+                waiter = self._commit_waiters.pop(r.commit_id, None)
+                self._results.append(r)
+                if waiter is not None:
+                    waiter.set()
+
+    def _auto_commit(self, now: int) -> None:
+        core = self.core
+        in_group = core.state in (MemberState.STABLE, MemberState.RECONCILING,
+                                  MemberState.ACKNOWLEDGING)  # fmt: skip
+        offsets = dict(self._consumed_offsets()) if self._consumed_offsets else {}
+        assigned = core.assigned_partitions
+        offsets = {p: o for p, o in offsets.items() if p in assigned}
+        if not in_group or core.member_epoch <= 0 or not offsets:
+            self.commits.skip_auto_commit(now)
+            return
+        self.commits.commit(now, offsets, CommitKind.AUTO)
+
+    # -- sending ------------------------------------------------------------------------------
+
+    def _timeout_s(self, heartbeat: bool = False) -> float:
+        """Request timeout. A timed-out request closes the shared connection and fails every
+        request on it, so it is generous: Java's request.timeout.ms (30 s) at most, and for
+        heartbeats three intervals (at least 5 s), which still notices a hung coordinator
+        well before a session timeout of the usual 45 s."""
+        limit = min(self._settings.socket_timeout_ms / 1000, 30.0)
+        if not heartbeat:
+            return limit
+        interval = self.core.heartbeat_interval_ms or 3000
+        return min(max(3 * interval / 1000, 5.0), limit)
+
+    def _conn(self, host: str, port: int) -> MuxConnection:
+        conn = self._conns.get((host, port))
+        if conn is None:
+            conn = self._conns[(host, port)] = self._loop.connection(self._settings, host, port)
+        return conn
+
+    def _send_any(self, call: Any, handler: Callable[[Any, KafkaException | None], None]) -> None:
+        host, port = self._bootstrap[self._bootstrap_index % len(self._bootstrap)]
+        self._loop.request(self._conn(host, port), call, handler, self._timeout_s())
+
+    def _send_coordinator(
+        self,
+        call: Any,
+        handler: Callable[[Any, KafkaException | None], None],
+        heartbeat: bool = False,
+    ) -> None:
+        coordinator = self.coordinator.coordinator
+        if coordinator is None:
+            handler(None, KafkaTransportError("the group coordinator is unknown"))
+            return
+        conn = self._conn(coordinator.host, coordinator.port)
+        self._loop.request(conn, call, handler, self._timeout_s(heartbeat))
+
+    def _send_heartbeat(self, request: HeartbeatRequest) -> None:
+        call = HeartbeatCall(request, _ENCODER, self._client_id)
+        self._send_coordinator(
+            call, lambda res, err: self._on_heartbeat(request, res, err), heartbeat=True
+        )
+
+    # -- responses (loop thread) ---------------------------------------------------------------
+
+    def _after(self) -> None:
+        """Run again now: a response may have made something due."""
+        self._run()
+
+    def _on_heartbeat(self, request: HeartbeatRequest, response: Any,
+                      error: KafkaException | None) -> None:  # fmt: skip
+        if self._stopped:
+            return
+        now = _now_ms()
+        with self._lock:
+            core = self.core
+            if error is None:
+                core.on_heartbeat_response(now, response, request)
+                if response.error_code in _COORDINATOR_ERRORS:
+                    self.coordinator.mark_unknown(ErrorCode.name_of(response.error_code))
+            else:
+                failure = failure_of(error)
+                core.on_heartbeat_failure(now, failure, request)
+                if failure.kind is FailureKind.DISCONNECTED:
+                    self.coordinator.mark_unknown(failure.message)
+            if self.coordinator.coordinator is None and core.coordinator_known:
+                core.on_coordinator_unknown(now)
+        self._after()
+
+    def _on_coordinator(self, result: Coordinator | None, error: KafkaException | None) -> None:
+        if self._stopped:
+            return
+        now = _now_ms()
+        with self._lock:
+            if error is None:
+                assert result is not None
+                report = self.coordinator.on_response(now, result)
+                if result.error_code == 0:
+                    self.core.on_coordinator_known(now)
+            else:
+                self._bootstrap_index += 1  # try the next bootstrap server
+                report = self.coordinator.on_failure(now, failure_of(error))
+            if report is not None:
+                self._report(report)
+        self._after()
+
+    def _report(self, report: tuple[int, str]) -> None:
+        code, message = report
+        events = self.core.background_events
+        if not any(isinstance(e, ErrorEvent) and e.message == message for e in list(events)):
+            events.append(ErrorEvent(code, message, fatal=False))
+
+    def _on_metadata(self, result: ClusterMetadata | None, error: KafkaException | None) -> None:
+        if self._stopped:
+            return
+        now = _now_ms()
+        with self._lock:
+            if error is None:
+                assert result is not None
+                self.metadata.on_response(now, result)
+                self._topic_view().update(self.metadata.topic_names)
+                self.core.on_metadata(now, self.metadata.topic_names)
+            else:
+                self._bootstrap_index += 1
+                self.metadata.on_failure(now, failure_of(error))
+                self._topic_view().update({})
+        self._after()
+
+    def _on_commit(self, commit_id: int, results: Sequence[PartitionResult] | None,
+                   error: KafkaException | None) -> None:  # fmt: skip
+        now = _now_ms()
+        with self._lock:
+            if error is None:
+                assert results is not None
+                rediscover = self.commits.on_response(now, commit_id, results)
+            else:
+                rediscover = self.commits.on_failure(now, commit_id, failure_of(error))
+            if rediscover:
+                self.coordinator.mark_unknown("OffsetCommit coordinator error")
+                if self.core.coordinator_known:
+                    self.core.on_coordinator_unknown(now)
+        if not self._stopped:
+            self._after()
+        else:
+            self._collect_results()

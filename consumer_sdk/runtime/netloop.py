@@ -1,0 +1,332 @@
+"""One network thread for many members: sockets and timers multiplexed with ``selectors``.
+
+:class:`NetworkLoop` runs a single thread that owns every shared broker connection of the
+process and a heap of timers (each member's next due time). Members never block it: they
+queue requests with :meth:`NetworkLoop.request` and get the outcome through a callback on the
+loop thread. Connections are shared by the members whose connection settings and broker
+address are equal (TLS and SASL settings included; ``client.id`` travels in each request
+header, so it does not split connections). Connection setup (TCP, TLS, ApiVersions, SASL)
+blocks, so it runs on a short-lived helper thread and the negotiated socket is handed over.
+
+The process-wide loop is reference-counted: :meth:`NetworkLoop.acquire` starts it on first use
+and :meth:`NetworkLoop.release` stops it (closing every connection) when its last user is gone,
+so a closed member leaves no thread behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import heapq
+import itertools
+import logging
+import random
+import selectors
+import socket
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+from consumer_sdk.errors import KafkaException, KafkaTransportError
+from consumer_sdk.protocol.connection import BrokerConnection
+from consumer_sdk.protocol.multiplex import Call, Done, MuxConnection
+from consumer_sdk.protocol.security import ConnectionSettings
+
+__all__ = ["NetworkLoop", "Timer"]
+
+log = logging.getLogger("consumer_sdk.runtime")
+
+_MAX_SELECT_S = 1.0
+
+
+class Timer:
+    """A scheduled callback; :meth:`cancel` it to drop it (lazy removal from the heap)."""
+
+    __slots__ = ("callback", "cancelled", "when")
+
+    def __init__(self, when: float, callback: Callable[[], None]) -> None:
+        self.when = when
+        self.callback = callback
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+ConnKey = tuple[ConnectionSettings, str, int]
+
+
+class NetworkLoop:
+    """The shared network thread; see the module docstring."""
+
+    _shared: ClassVar[NetworkLoop | None] = None
+    _shared_lock: ClassVar[threading.Lock] = threading.Lock()
+
+    def __init__(self, name: str = "consumer-sdk-network") -> None:
+        self._name = name
+        self._selector = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self._selector.register(self._wake_r, selectors.EVENT_READ, None)
+        self._calls: deque[Callable[[], None]] = deque()
+        self._wake_pending = False
+        self._wake_lock = threading.Lock()
+        self._timers: list[tuple[float, int, Timer]] = []
+        self._seq = itertools.count()
+        self._connections: dict[ConnKey, MuxConnection] = {}
+        self._registered: dict[MuxConnection, int] = {}  # conn -> selector events
+        self._dirty: set[MuxConnection] = set()
+        self._shared_state: dict[object, Any] = {}
+        self._users = 0
+        self._stopping = False
+        self._rng = random.Random()
+        self._thread: threading.Thread | None = None
+        self._loop_thread_id: int | None = None
+
+    # -- process-wide instance ----------------------------------------------------------------
+
+    @classmethod
+    def acquire(cls) -> NetworkLoop:
+        """The process-wide loop, started if needed; pair every call with :meth:`release`."""
+        with cls._shared_lock:
+            loop = cls._shared
+            if loop is None or loop._stopping:
+                loop = cls._shared = NetworkLoop()
+            loop._users += 1
+            loop._start()
+            return loop
+
+    def release(self) -> None:
+        """Drop one user; the last one stops the thread and closes every connection."""
+        with NetworkLoop._shared_lock:
+            self._users -= 1
+            if self._users > 0:
+                return
+            self._stopping = True
+            if NetworkLoop._shared is self:
+                NetworkLoop._shared = None
+        self._stop()
+
+    def _start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+            self._thread.start()
+
+    def _stop(self) -> None:
+        self._stopping = True
+        self._wakeup()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(5.0)
+
+    @property
+    def in_loop_thread(self) -> bool:
+        return threading.get_ident() == self._loop_thread_id
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and not self._stopping
+
+    # -- scheduling (thread-safe: call_soon; loop thread: call_at, request) -------------------
+
+    def call_soon(self, callback: Callable[[], None]) -> None:
+        """Run ``callback`` on the loop thread (from any thread)."""
+        self._calls.append(callback)
+        if not self.in_loop_thread:
+            self._wakeup()
+
+    def _wakeup(self) -> None:
+        with self._wake_lock:
+            if self._wake_pending:
+                return
+            self._wake_pending = True
+        with contextlib.suppress(OSError):  # full buffer: a wakeup is already pending
+            self._wake_w.send(b"\0")
+
+    def call_at(self, when: float, callback: Callable[[], None]) -> Timer:
+        """Run ``callback`` on the loop thread at monotonic time ``when`` (loop thread only)."""
+        timer = Timer(when, callback)
+        heapq.heappush(self._timers, (when, next(self._seq), timer))
+        return timer
+
+    def request(self, conn: MuxConnection, call: Call[Any], done: Done, timeout_s: float) -> None:
+        """Send ``call`` over ``conn`` (from :meth:`connection`), connecting if needed;
+        ``done(result, error)`` runs on the loop thread (loop thread only)."""
+        deadline = time.monotonic() + timeout_s
+        conn.submit(call, done, deadline)
+        if conn.state == MuxConnection.NEW:
+            self._connect(conn)
+        self.call_at(deadline, lambda: self._expire(conn))
+        self._dirty.add(conn)  # written at the end of this loop iteration, with the others
+
+    @staticmethod
+    def connection_key(settings: ConnectionSettings) -> ConnectionSettings:
+        """What decides connection sharing: every setting but ``client.id``."""
+        return dataclasses.replace(settings, client_id="")
+
+    def connection(self, settings: ConnectionSettings, host: str, port: int) -> MuxConnection:
+        """The shared connection for this address and these settings (loop thread only)."""
+        key = (self.connection_key(settings), host, port)
+        conn = self._connections.get(key)
+        if conn is None:
+            conn = self._connections[key] = MuxConnection(host, port, key[0])
+        return conn
+
+    def shared(self, key: object, factory: Callable[[], Any]) -> Any:
+        """A per-process object shared by the members that use the same ``key`` (loop
+        thread only), e.g. the topic names of one cluster."""
+        value = self._shared_state.get(key)
+        if value is None:
+            value = self._shared_state[key] = factory()
+        return value
+
+    def connections(self) -> list[MuxConnection]:
+        return list(self._connections.values())
+
+    # -- connections ----------------------------------------------------------------------------
+
+    def _backoff(self, failures: int, settings: ConnectionSettings) -> float:
+        initial = max(settings.reconnect_backoff_ms, 1) / 1000
+        ceiling = max(settings.reconnect_backoff_max_ms / 1000, initial)
+        return float(
+            min(initial * 2 ** max(failures - 1, 0), ceiling) * self._rng.uniform(0.8, 1.2)
+        )
+
+    def _connect(self, conn: MuxConnection) -> None:
+        conn.start_connecting()
+        delay = max(conn.retry_at - time.monotonic(), 0.0)
+
+        def setup() -> None:
+            if delay:
+                time.sleep(delay)
+            bc = BrokerConnection(conn.host, conn.port, conn.settings)
+            try:
+                bc.open()
+            except KafkaException as exc:
+                error = exc
+                self.call_soon(lambda: self._connect_failed(conn, error))
+                return
+            except Exception as exc:  # unexpected: still fail the waiting requests
+                error = KafkaTransportError(f"connect to {conn.host}:{conn.port} failed: {exc}")
+                self.call_soon(lambda: self._connect_failed(conn, error))
+                return
+            self.call_soon(lambda: self._connected(conn, bc))
+
+        threading.Thread(target=setup, name=f"{self._name}-connect", daemon=True).start()
+
+    def _connected(self, conn: MuxConnection, bc: BrokerConnection) -> None:
+        if self._stopping:
+            bc.close()
+            return
+        conn.connected(bc)
+        log.debug("shared connection to %s:%s ready", conn.host, conn.port)
+        self._update_interest(conn)
+
+    def _connect_failed(self, conn: MuxConnection, exc: KafkaException) -> None:
+        backoff = self._backoff(conn.failures + 1, conn.settings)
+        log.info("connect to %s:%s failed (%s); next attempt in %.0f ms", conn.host, conn.port,
+                 exc.args[0].str(), backoff * 1000)  # fmt: skip
+        conn.connect_failed(exc, backoff, time.monotonic())
+        if not conn.idle and conn.state == MuxConnection.NEW:
+            self._connect(conn)
+
+    def _expire(self, conn: MuxConnection) -> None:
+        conn.expire(time.monotonic())
+        self._update_interest(conn)
+
+    def _unregister(self, conn: MuxConnection, sock: socket.socket) -> None:
+        if self._registered.pop(conn, None) is not None:
+            with contextlib.suppress(KeyError, ValueError):
+                self._selector.unregister(sock)
+
+    def _update_interest(self, conn: MuxConnection) -> None:
+        sock = conn.sock
+        if sock is None:
+            self._registered.pop(conn, None)
+            return
+        current = self._registered.get(conn)
+        if conn.wants_write:
+            conn.flush()
+            if conn.sock is None:
+                self._update_interest(conn)
+                return
+        events = selectors.EVENT_READ | (selectors.EVENT_WRITE if conn.wants_write else 0)
+        if current is None:
+            conn.before_close = lambda s: self._unregister(conn, s)
+            self._selector.register(sock, events, conn)
+            self._registered[conn] = events
+        elif current != events:
+            self._selector.modify(sock, events, conn)
+            self._registered[conn] = events
+
+    # -- the loop ------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        self._loop_thread_id = threading.get_ident()
+        try:
+            while not self._stopping:
+                self._run_once()
+        except Exception:
+            log.exception("the network loop failed")
+        finally:
+            self._shutdown()
+
+    def _run_once(self) -> None:
+        timeout = _MAX_SELECT_S
+        if self._calls:
+            timeout = 0.0
+        elif self._timers:
+            timeout = min(max(self._timers[0][0] - time.monotonic(), 0.0), _MAX_SELECT_S)
+        for key, mask in self._selector.select(timeout):
+            conn = key.data
+            if conn is None:
+                self._drain_wakeups()
+                continue
+            if mask & selectors.EVENT_READ:
+                conn.on_readable()
+            if mask & selectors.EVENT_WRITE:
+                conn.flush()
+            self._update_interest(conn)
+        while self._calls:
+            callback = self._calls.popleft()
+            self._safely(callback)
+        now = time.monotonic()
+        timers = self._timers
+        while timers and timers[0][0] <= now:
+            _, _, timer = heapq.heappop(timers)
+            if not timer.cancelled:
+                self._safely(timer.callback)
+        # Requests queued by callbacks and timers go out in one write per connection.
+        while self._dirty:
+            self._update_interest(self._dirty.pop())
+
+    def _safely(self, callback: Callable[[], None]) -> None:
+        try:
+            callback()
+        except Exception:
+            log.exception("network loop callback failed")
+
+    def _drain_wakeups(self) -> None:
+        with self._wake_lock:
+            self._wake_pending = False
+        try:
+            while self._wake_r.recv(4096):
+                pass
+        except (BlockingIOError, OSError):
+            pass
+
+    def _shutdown(self) -> None:
+        for conn in list(self._connections.values()):
+            conn.close(None)
+        self._connections.clear()
+        self._registered.clear()
+        while self._calls:  # completions queued by the closes
+            self._safely(self._calls.popleft())
+        try:
+            self._selector.close()
+        finally:
+            self._wake_r.close()
+            self._wake_w.close()

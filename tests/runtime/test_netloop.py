@@ -1,0 +1,271 @@
+"""The shared network loop over real sockets: many members on one thread and one connection
+per broker, commits, leaves, coordinator moves, TLS and SASL, against EmbeddedKafka."""
+
+from __future__ import annotations
+
+import shutil
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from consumer_sdk.config import ConsumerConfig
+from consumer_sdk.membership import (
+    CallbackCompleted,
+    CallbackKind,
+    CallbacksNeeded,
+    Close,
+    CommitCompleted,
+    CommitNeeded,
+    ErrorEvent,
+    LeaveCompleted,
+    MemberState,
+    Subscribe,
+)
+from consumer_sdk.membership.requests import CommitKind
+from consumer_sdk.protocol.client import ClusterClient
+from consumer_sdk.runtime.member_network import MemberNetwork
+from consumer_sdk.runtime.netloop import NetworkLoop
+from consumer_sdk.runtime.offsets import OffsetAndMetadata, OffsetManager
+from consumer_sdk.testing import EmbeddedKafka, wait_until
+
+Partition = tuple[str, int]
+
+
+class App:
+    """The application side of one member, as a facade runs it: posts polls, runs the
+    callbacks the core asks for (recording ownership), completes pre-rebalance commits."""
+
+    def __init__(self, net: MemberNetwork) -> None:
+        self.net = net
+        self.owned: set[Partition] = set()
+        self.left = False
+        self.closing = False
+        self.errors: list[ErrorEvent] = []
+
+    def close(self) -> None:
+        self.closing = True
+        self.net.submit(Close())
+
+    def poll(self) -> None:
+        if not self.closing:
+            self.net.note_poll()
+        for event in self.net.drain_background_events():
+            if isinstance(event, CallbacksNeeded):
+                parts = set(event.partitions)
+                if event.kind is CallbackKind.ASSIGNED:
+                    self.owned |= parts
+                else:
+                    self.owned -= parts
+                self.net.submit(CallbackCompleted(event.callback_id))
+            elif isinstance(event, CommitNeeded):
+                self.net.submit(CommitCompleted(event.commit_id))
+            elif isinstance(event, LeaveCompleted):
+                self.left = True
+            elif isinstance(event, ErrorEvent):
+                self.errors.append(event)
+
+
+def member(bootstrap: str, group: str, **extra: Any) -> MemberNetwork:
+    conf = {"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False,
+            **extra}  # fmt: skip
+    return MemberNetwork(ConsumerConfig.from_mapping(conf))
+
+
+def poll_until(apps: list[App], done: Any, what: str, timeout: float = 30.0) -> None:
+    def step() -> bool:
+        for app in apps:
+            app.poll()
+        return bool(done())
+
+    wait_until(step, timeout=timeout, interval=0.02, description=what)
+
+
+def close_all(apps: list[App], timeout: float = 10.0) -> None:
+    for app in apps:
+        if not app.closing:
+            app.close()
+    poll_until(apps, lambda: all(a.left for a in apps), "every member left", timeout)
+    for app in apps:
+        app.net.stop()
+
+
+@pytest.fixture(scope="module")
+def kafka() -> Iterator[EmbeddedKafka]:
+    with EmbeddedKafka(brokers=3, heartbeat_interval_ms=300, session_timeout_ms=6000) as k:
+        yield k
+
+
+def cover(apps: list[App], topic: str, partitions: int) -> bool:
+    owned = [a.owned for a in apps]
+    union = set().union(*owned)
+    return sum(map(len, owned)) == partitions and union == {(topic, p) for p in range(partitions)}
+
+
+def test_many_members_one_thread_one_connection_per_broker(kafka: EmbeddedKafka) -> None:
+    kafka.create_topic("nl-many", partitions=24)
+    threads_before = threading.active_count()
+    apps = [App(member(kafka.bootstrap_servers, "nl-many", **{"client.id": f"c{i % 2}"}))
+            for i in range(8)]  # fmt: skip
+    try:
+        for app in apps:
+            app.net.submit(Subscribe(topics=("nl-many",)))
+        poll_until(
+            apps,
+            lambda: (
+                all(a.net.state is MemberState.STABLE for a in apps) and cover(apps, "nl-many", 24)
+            ),
+            "8 members stable, partitions covered",
+        )
+        loop = apps[0].net._loop
+        assert all(a.net._loop is loop for a in apps)
+        # One network thread for all of them (connection-setup helpers are gone by now).
+        wait_until(lambda: threading.active_count() <= threads_before + 1, timeout=10,
+                   description="only the loop thread is left")  # fmt: skip
+        # Different client ids share: one connection per broker address in use.
+        addresses = [(c.host, c.port) for c in loop.connections()]
+        assert len(addresses) == len(set(addresses)) <= 3 + 1
+        assert len({a.net.member_id for a in apps}) == 8
+        # Heartbeats keep flowing on the shared connections.
+        beats = sum(a.net.core.metrics.snapshot(0)["heartbeat-total"] for a in apps)
+        poll_until(apps, lambda: sum(a.net.core.metrics.snapshot(0)["heartbeat-total"]
+                                     for a in apps) >= beats + 16, "more heartbeats")  # fmt: skip
+        # One leaves: the others take its partitions over.
+        leaving, rest = apps[0], apps[1:]
+        leaving.close()
+        poll_until(apps, lambda: leaving.left and cover(rest, "nl-many", 24), "hand-over")
+        leaving.net.stop()
+    finally:
+        close_all(apps[1:])
+    wait_until(
+        lambda: not loop.running, timeout=10, description="the loop stopped with its last user"
+    )
+
+
+def test_commits_sync_and_async_land_on_the_coordinator(kafka: EmbeddedKafka) -> None:
+    kafka.create_topic("nl-commit", partitions=2)
+    kafka.produce("nl-commit", [b"x"] * 20)
+    app = App(member(kafka.bootstrap_servers, "nl-commit"))
+    try:
+        app.net.submit(Subscribe(topics=("nl-commit",)))
+        poll_until([app], lambda: app.net.state is MemberState.STABLE and len(app.owned) == 2,
+                   "joined")  # fmt: skip
+        result = app.net.commit_sync({("nl-commit", 0): OffsetAndMetadata(7)}, 10.0,
+                                     CommitKind.SYNC)  # fmt: skip
+        assert result.ok and result.committed == {("nl-commit", 0): 7}
+        commit_id = app.net.commit({("nl-commit", 1): OffsetAndMetadata(3, -1, "meta")},
+                                   CommitKind.ASYNC)  # fmt: skip
+        results: list[Any] = []
+        poll_until([app], lambda: results.extend(app.net.drain_results()) or any(
+            r.commit_id == commit_id for r in results), "async commit done")  # fmt: skip
+        assert all(r.ok for r in results)
+        with ClusterClient({"bootstrap.servers": kafka.bootstrap_servers}) as client:
+            found = OffsetManager(client, "nl-commit", None).fetch(
+                [("nl-commit", 0), ("nl-commit", 1)], None, -1, 10.0)  # fmt: skip
+        assert {p: o.offset if o else None for p, o in found.items()} == {
+            ("nl-commit", 0): 7, ("nl-commit", 1): 3}  # fmt: skip
+        # Never backwards through this member: a lower offset is skipped, not sent.
+        lower = app.net.commit_sync({("nl-commit", 0): OffsetAndMetadata(2)}, 5.0, CommitKind.SYNC)
+        assert lower.ok and lower.committed == {}
+    finally:
+        close_all([app])
+
+
+def test_coordinator_moves_and_broker_down_keep_the_member(kafka: EmbeddedKafka) -> None:
+    kafka.create_topic("nl-move", partitions=3)
+    app = App(member(kafka.bootstrap_servers, "nl-move"))
+    try:
+        app.net.submit(Subscribe(topics=("nl-move",)))
+        poll_until([app], lambda: app.net.state is MemberState.STABLE and len(app.owned) == 3,
+                   "joined")  # fmt: skip
+        first = app.net.coordinator.coordinator
+        assert first is not None
+        target = 1 if first.node_id != 1 else 2
+        kafka.set_group_coordinator("nl-move", target)
+        poll_until([app], lambda: (c := app.net.coordinator.coordinator) is not None
+                   and c.node_id == target, "found the new coordinator")  # fmt: skip
+        epoch = app.net.member_epoch
+        beats = app.net.core.metrics.snapshot(0)["heartbeat-total"]
+        poll_until([app], lambda: app.net.core.metrics.snapshot(0)["heartbeat-total"] > beats + 3,
+                   "heartbeats to the new coordinator")  # fmt: skip
+        assert app.net.state is MemberState.STABLE and app.net.member_epoch >= epoch
+        assert len(app.owned) == 3
+    finally:
+        close_all([app])
+
+
+def test_members_with_different_security_do_not_share(kafka: EmbeddedKafka) -> None:
+    kafka.create_topic("nl-sec", partitions=2)
+    a = App(member(kafka.bootstrap_servers, "nl-sec-a"))
+    b = App(member(kafka.bootstrap_servers, "nl-sec-b", **{"socket.timeout.ms": 45_000}))
+    apps = [a, b]
+    try:
+        for app in apps:
+            app.net.submit(Subscribe(topics=("nl-sec",)))
+        poll_until(apps, lambda: all(x.net.state is MemberState.STABLE for x in apps), "joined")
+        loop = a.net._loop
+        by_settings: dict[Any, set[tuple[str, int]]] = {}
+        for c in loop.connections():
+            by_settings.setdefault(c.settings, set()).add((c.host, c.port))
+        assert len(by_settings) == 2  # same addresses, two connection sets
+    finally:
+        close_all(apps)
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs openssl for certificates")
+def test_tls_and_sasl_members_over_the_shared_loop(kafka: EmbeddedKafka, tmp_path: Any) -> None:
+    from consumer_sdk.testing.tls_proxy import TlsProxy, make_certificates
+
+    certs = make_certificates(tmp_path, ("localhost", "127.0.0.1"), name="nl")
+    kafka.create_topic("nl-tls", partitions=2)
+    kafka.set_group_coordinator("nl-tls", 1)  # the proxies front broker 1
+    kafka.set_group_coordinator("nl-tls-bad", 1)
+    users = {"alice": "pw-Secret-123"}
+    with TlsProxy(kafka.broker_address(1), certs=certs, advertised_host="localhost") as tls_px, \
+            TlsProxy(kafka.broker_address(1), certs=certs, sasl_users=users,
+                     advertised_host="localhost") as sasl_px:  # fmt: skip
+        common = {"ssl.ca.location": str(certs.ca)}
+        tls_app = App(member(f"localhost:{tls_px.port}", "nl-tls",
+                             **{"security.protocol": "SSL"}, **common))  # fmt: skip
+        sasl_app = App(member(f"localhost:{sasl_px.port}", "nl-tls", **{
+            "security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-256",
+            "sasl.username": "alice", "sasl.password": "pw-Secret-123"}, **common))  # fmt: skip
+        bad = App(member(f"localhost:{sasl_px.port}", "nl-tls-bad", **{
+            "security.protocol": "SASL_SSL", "sasl.mechanism": "PLAIN",
+            "sasl.username": "alice", "sasl.password": "wrong"}, **common))  # fmt: skip
+        apps = [tls_app, sasl_app]
+        try:
+            for app in [*apps, bad]:
+                app.net.submit(Subscribe(topics=("nl-tls",)))
+            poll_until(
+                [*apps, bad],
+                lambda: (
+                    all(x.net.state is MemberState.STABLE for x in apps)
+                    and cover(apps, "nl-tls", 2)
+                    and bool(bad.errors)
+                ),
+                "TLS and SASL joined",
+            )
+            assert "SASL" in bad.errors[0].message and bad.net.state is not MemberState.STABLE
+            loop = tls_app.net._loop
+            protocols = {c.settings.security_protocol for c in loop.connections()}
+            assert {"SSL", "SASL_SSL"} <= protocols
+            assert tls_px.handshake_failures == []
+        finally:
+            bad.close()
+            close_all(apps)
+            poll_until([bad], lambda: bad.left, "the failing member closed")
+            bad.net.stop()
+
+
+def test_loop_is_released_by_its_last_user() -> None:
+    loop = NetworkLoop.acquire()
+    again = NetworkLoop.acquire()
+    assert again is loop and loop.running
+    loop.release()
+    assert loop.running
+    again.release()
+    wait_until(lambda: not loop.running, timeout=5, description="loop stopped")
+    assert NetworkLoop.acquire() is not loop
+    NetworkLoop._shared.release()  # type: ignore[union-attr]
