@@ -23,7 +23,6 @@ from consumer_sdk.domain import (
     PartitionResult,
 )
 from consumer_sdk.error_codes import ErrorCode
-from consumer_sdk.errors import RETRIABLE_CODES
 from consumer_sdk.membership.heartbeat import Backoff, Failure, FailureKind
 
 __all__ = [
@@ -44,7 +43,14 @@ E = ErrorCode
 Partition = tuple[str, int]
 
 #: Errors after which a commit may be retried (the coordinator may also need rediscovery).
-COMMIT_RETRIABLE = frozenset(RETRIABLE_CODES | {E.REQUEST_TIMED_OUT})
+COMMIT_RETRIABLE = frozenset(
+    {
+        E.UNKNOWN_TOPIC_OR_PARTITION, E.LEADER_NOT_AVAILABLE, E.NOT_LEADER_OR_FOLLOWER,
+        E.REQUEST_TIMED_OUT, E.NETWORK_EXCEPTION, E.COORDINATOR_LOAD_IN_PROGRESS,
+        E.COORDINATOR_NOT_AVAILABLE, E.NOT_COORDINATOR, E.UNSTABLE_OFFSET_COMMIT,
+        E.UNKNOWN_TOPIC_ID, E.UNKNOWN_LEADER_EPOCH, E.FENCED_LEADER_EPOCH,
+    }
+)  # fmt: skip
 _REDISCOVER = frozenset({E.NOT_COORDINATOR, E.COORDINATOR_NOT_AVAILABLE, E.REQUEST_TIMED_OUT})
 # An episode of retriable failures is logged at INFO when it starts and once at WARNING if it
 # lasts this many attempts (a coordinator still loading is normal for a few hundred ms).

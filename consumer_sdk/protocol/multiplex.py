@@ -46,7 +46,7 @@ from consumer_sdk.protocol.framing import (
 from consumer_sdk.protocol.heartbeat_codec import HeartbeatEncoder
 from consumer_sdk.protocol.security import ConnectionSettings
 
-__all__ = ["Call", "Done", "HeartbeatCall", "KioCall", "MuxConnection"]
+__all__ = ["Call", "Done", "HeartbeatCall", "KioCall", "MuxConnection", "VersionCache"]
 
 log = logging.getLogger("consumer_sdk.protocol")
 
@@ -59,13 +59,31 @@ Done = Callable[[Any, KafkaException | None], None]
 _RECV_BYTES = 256 * 1024
 
 
+class VersionCache:
+    """The version to use per API key on one negotiated connection (looked up once)."""
+
+    __slots__ = ("_chosen", "api_versions")
+
+    def __init__(self, api_versions: dict[int, tuple[int, int]]) -> None:
+        self.api_versions = api_versions
+        self._chosen: dict[int, int | None] = {}
+
+    def pick(self, api_key: int) -> int | None:
+        try:
+            return self._chosen[api_key]
+        except KeyError:
+            version = pick_version(self.api_versions, api_key, m.SUPPORTED_VERSIONS[api_key])
+            self._chosen[api_key] = version
+            return version
+
+
 class Call(Protocol[T_co]):
     """One request: how to encode it for a negotiated connection and decode its answer."""
 
     api_key: int
     client_id: str | None
 
-    def encode(self, api_versions: dict[int, tuple[int, int]], correlation_id: int) -> bytes: ...
+    def encode(self, versions: VersionCache, correlation_id: int) -> bytes: ...
 
     def decode(self, frame: bytes, correlation_id: int) -> T_co: ...
 
@@ -87,8 +105,8 @@ class KioCall(Generic[T]):
         self._convert = convert
         self._response_type: type[ResponsePayload] | None = None
 
-    def encode(self, api_versions: dict[int, tuple[int, int]], correlation_id: int) -> bytes:
-        version = pick_version(api_versions, self.api_key, m.SUPPORTED_VERSIONS[self.api_key])
+    def encode(self, versions: VersionCache, correlation_id: int) -> bytes:
+        version = versions.pick(self.api_key)
         if version is None:
             raise UnsupportedBrokerError(
                 f"the broker supports no version of API {self.api_key} that this SDK implements"
@@ -125,8 +143,8 @@ class HeartbeatCall:
         self._encoder = encoder
         self._version = 0
 
-    def encode(self, api_versions: dict[int, tuple[int, int]], correlation_id: int) -> bytes:
-        version = pick_version(api_versions, self.api_key, m.SUPPORTED_VERSIONS[self.api_key])
+    def encode(self, versions: VersionCache, correlation_id: int) -> bytes:
+        version = versions.pick(self.api_key)
         if version is None:
             raise UnsupportedBrokerError(
                 "the broker does not support ConsumerGroupHeartbeat (API 68): the KIP-848 "
@@ -167,7 +185,7 @@ class MuxConnection:
         self.settings = settings
         self.state = self.NEW
         self.sock: socket.socket | None = None
-        self.api_versions: dict[int, tuple[int, int]] = {}
+        self.versions = VersionCache({})
         self.failures = 0  # consecutive failed connection attempts
         self.retry_at = 0.0
         self._cid = 0
@@ -209,7 +227,7 @@ class MuxConnection:
         self._cid = (self._cid + 1) & 0x7FFFFFFF
         waiter.correlation_id = self._cid
         try:
-            data = waiter.call.encode(self.api_versions, self._cid)
+            data = waiter.call.encode(self.versions, self._cid)
         except KafkaException as exc:
             _complete(waiter, None, exc)
             return
@@ -247,7 +265,7 @@ class MuxConnection:
         self._cid = (self._cid - 1) & 0x7FFFFFFF
         sock.setblocking(False)
         self.sock = sock
-        self.api_versions = conn.api_versions
+        self.versions = VersionCache(conn.api_versions)
         self.state = self.READY
         self.failures = 0
         self._reader = FrameReader(self.settings.receive_message_max_bytes)

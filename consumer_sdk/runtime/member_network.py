@@ -254,6 +254,8 @@ class MemberNetwork:
                             "commit timed out")  # fmt: skip
 
     def drain_background_events(self) -> list[BackgroundEvent]:
+        if not self.core.background_events:
+            return []
         return self.core.drain_background_events()
 
     def drain_results(self) -> list[CommitResult]:
@@ -347,7 +349,7 @@ class MemberNetwork:
                 m.API_OFFSET_COMMIT, lambda v, r=req: m.offset_commit_call(r, v),  # type: ignore[misc]
                 m.offset_commit_from_kio, self._client_id),
                 lambda res, err, i=commit_id: self._on_commit(i, res, err))  # type: ignore[misc]  # fmt: skip
-        wait = core.time_until_next_poll(now)
+        wait = 0 if core.app_events else result.next_poll_ms
         if core.coordinator_needed or self.commits.coordinator_needed:
             wait = min(wait, coord.time_until_next_poll(now, True, _IDLE_MS))
         wait = min(wait, self.metadata.time_until_next_poll(now, _IDLE_MS))

@@ -80,6 +80,7 @@ class NetworkLoop:
         self._registered: dict[MuxConnection, int] = {}  # conn -> selector events
         self._dirty: set[MuxConnection] = set()
         self._shared_state: dict[object, Any] = {}
+        self._expiry: dict[MuxConnection, Timer] = {}
         self._users = 0
         self._stopping = False
         self._rng = random.Random()
@@ -159,7 +160,12 @@ class NetworkLoop:
         conn.submit(call, done, deadline)
         if conn.state == MuxConnection.NEW:
             self._connect(conn)
-        self.call_at(deadline, lambda: self._expire(conn))
+        # One expiry timer per connection, at its earliest deadline (not one per request).
+        timer = self._expiry.get(conn)
+        if timer is None or timer.cancelled or deadline < timer.when:
+            if timer is not None:
+                timer.cancel()
+            self._expiry[conn] = self.call_at(deadline, lambda: self._expire(conn))
         self._dirty.add(conn)  # written at the end of this loop iteration, with the others
 
     @staticmethod
@@ -234,7 +240,10 @@ class NetworkLoop:
             self._connect(conn)
 
     def _expire(self, conn: MuxConnection) -> None:
-        conn.expire(time.monotonic())
+        self._expiry.pop(conn, None)
+        next_deadline = conn.expire(time.monotonic())
+        if next_deadline is not None:
+            self._expiry[conn] = self.call_at(next_deadline, lambda: self._expire(conn))
         self._update_interest(conn)
 
     def _unregister(self, conn: MuxConnection, sock: socket.socket) -> None:
