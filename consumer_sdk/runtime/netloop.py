@@ -26,7 +26,7 @@ import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from typing import Any, ClassVar
 
 from consumer_sdk.errors import KafkaException, KafkaTransportError
@@ -55,7 +55,7 @@ class Timer:
         self.cancelled = True
 
 
-ConnKey = tuple[ConnectionSettings, str, int]
+ConnKey = tuple[Hashable, str, int]
 
 
 class NetworkLoop:
@@ -169,16 +169,21 @@ class NetworkLoop:
         self._dirty.add(conn)  # written at the end of this loop iteration, with the others
 
     @staticmethod
-    def connection_key(settings: ConnectionSettings) -> ConnectionSettings:
-        """What decides connection sharing: every setting but ``client.id``."""
-        return dataclasses.replace(settings, client_id="")
+    def connection_key(settings: ConnectionSettings) -> Hashable:
+        """What decides connection sharing: every setting but ``client.id``, plus the SASL
+        identity the connection authenticates with (the current user and password, or the
+        OAUTHBEARER token source itself), which settings equality does not cover."""
+        creds = settings.credentials.get() if settings.uses_sasl else None
+        oauth = id(settings.oauth) if settings.oauth is not None else None
+        return (dataclasses.replace(settings, client_id=""), creds, oauth)
 
     def connection(self, settings: ConnectionSettings, host: str, port: int) -> MuxConnection:
-        """The shared connection for this address and these settings (loop thread only)."""
+        """The shared connection for this address and these settings (loop thread only).
+        The first member's settings (and its credentials holder) are the connection's."""
         key = (self.connection_key(settings), host, port)
         conn = self._connections.get(key)
         if conn is None:
-            conn = self._connections[key] = MuxConnection(host, port, key[0])
+            conn = self._connections[key] = MuxConnection(host, port, settings)
         return conn
 
     def shared(self, key: object, factory: Callable[[], Any]) -> Any:

@@ -221,7 +221,7 @@ def test_tls_and_sasl_members_over_the_shared_loop(kafka: EmbeddedKafka, tmp_pat
     kafka.create_topic("nl-tls", partitions=2)
     kafka.set_group_coordinator("nl-tls", 1)  # the proxies front broker 1
     kafka.set_group_coordinator("nl-tls-bad", 1)
-    users = {"alice": "pw-Secret-123"}
+    users = {"alice": "pw-Secret-123", "bob": "pw-Other-456"}
     with TlsProxy(kafka.broker_address(1), certs=certs, advertised_host="localhost") as tls_px, \
             TlsProxy(kafka.broker_address(1), certs=certs, sasl_users=users,
                      advertised_host="localhost") as sasl_px:  # fmt: skip
@@ -231,10 +231,13 @@ def test_tls_and_sasl_members_over_the_shared_loop(kafka: EmbeddedKafka, tmp_pat
         sasl_app = App(member(f"localhost:{sasl_px.port}", "nl-tls", **{
             "security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-256",
             "sasl.username": "alice", "sasl.password": "pw-Secret-123"}, **common))  # fmt: skip
+        bob = App(member(f"localhost:{sasl_px.port}", "nl-tls", **{
+            "security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-256",
+            "sasl.username": "bob", "sasl.password": "pw-Other-456"}, **common))  # fmt: skip
         bad = App(member(f"localhost:{sasl_px.port}", "nl-tls-bad", **{
             "security.protocol": "SASL_SSL", "sasl.mechanism": "PLAIN",
             "sasl.username": "alice", "sasl.password": "wrong"}, **common))  # fmt: skip
-        apps = [tls_app, sasl_app]
+        apps = [tls_app, sasl_app, bob]
         try:
             for app in [*apps, bad]:
                 app.net.submit(Subscribe(topics=("nl-tls",)))
@@ -252,6 +255,11 @@ def test_tls_and_sasl_members_over_the_shared_loop(kafka: EmbeddedKafka, tmp_pat
             protocols = {c.settings.security_protocol for c in loop.connections()}
             assert {"SSL", "SASL_SSL"} <= protocols
             assert tls_px.handshake_failures == []
+            # Same mechanism, different users: never one connection for both identities.
+            scram = [c for c in loop.connections() if c.settings.sasl_mechanism == "SCRAM-SHA-256"
+                     and c.port == sasl_px.port]  # fmt: skip
+            assert sorted(c.settings.credentials.get()[0] or "" for c in scram) == [
+                "alice", "bob"]  # fmt: skip
         finally:
             bad.close()
             close_all(apps)
