@@ -305,7 +305,10 @@ def _check_with_librdkafka(fetcher_conf: Mapping[str, Any], original: Mapping[st
     conf = {k: v for k, v in fetcher_conf.items() if k not in _CALLBACK_KEYS}
     conf.pop("bootstrap.servers", None)
     conf["logger"] = _PROBE_LOGGER
-    if "oauth_cb" in fetcher_conf:
+    if "oauth_cb" in fetcher_conf or str(conf.get("sasl.oauthbearer.method")).lower() == "oidc":
+        # A stand-in token source: with method=oidc librdkafka would call the token endpoint
+        # at once (the OIDC keys themselves are checked by ConnectionSettings).
+        conf.pop("sasl.oauthbearer.method", None)
         conf["oauth_cb"] = lambda _config: ("probe", time.time() + 3600)
     try:
         probe = confluent_kafka.Consumer(conf)

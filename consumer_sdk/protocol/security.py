@@ -132,9 +132,13 @@ class ConnectionSettings:
         disabled; CA, certificate and key from files, PEM strings or a PKCS#12 keystore."""
         if self._ssl_cache:
             return self._ssl_cache[0]
+        location = self.ssl_ca_location
+        # librdkafka's "probe" means the system's CA locations, which Python uses by default.
+        cafile = None if location in (None, "probe") or os.path.isdir(location) else location
+        capath = location if location not in (None, "probe") and os.path.isdir(location) else None
         try:
             ctx = ssl.create_default_context(
-                ssl.Purpose.SERVER_AUTH, cafile=self.ssl_ca_location, cadata=self.ssl_ca_pem
+                ssl.Purpose.SERVER_AUTH, cafile=cafile, capath=capath, cadata=self.ssl_ca_pem
             )
         except (OSError, ssl.SSLError) as exc:
             key = "ssl.ca.pem" if self.ssl_ca_pem else "ssl.ca.location"

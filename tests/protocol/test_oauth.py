@@ -205,3 +205,11 @@ def test_pem_strings_and_pkcs12_keystores_load_or_fail_naming_the_key(tmp_path: 
         ConnectionSettings.from_config({**ks, "ssl.keystore.password": "wrong"})
     with pytest.raises(ConfigError, match="set only one of them"):
         ConnectionSettings.from_config({**ks, "ssl.key.pem": key_pem})
+
+
+def test_ca_location_takes_a_file_a_directory_or_probe(tmp_path: Any) -> None:
+    base = {"security.protocol": "SSL"}
+    assert ConnectionSettings.from_config({**base, "ssl.ca.location": "probe"}).ssl_context()
+    assert ConnectionSettings.from_config({**base, "ssl.ca.location": str(tmp_path)})
+    with pytest.raises(ConfigError, match=r"ssl\.ca\.location: cannot load"):
+        ConnectionSettings.from_config({**base, "ssl.ca.location": str(tmp_path / "none.pem")})

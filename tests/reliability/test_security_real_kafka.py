@@ -35,6 +35,7 @@ from confluent_kafka.admin import (
 )
 
 from consumer_sdk import Consumer
+from consumer_sdk.config import ConsumerConfig
 from consumer_sdk.testing import close_client, wait_until
 from consumer_sdk.testing.tls_proxy import Certificates, make_certificates
 
@@ -508,7 +509,10 @@ def _oidc(secure: Secured, endpoint: _TokenEndpoint, secret: str) -> dict[str, A
 def test_oauthbearer_oidc_client_credentials(
     secure: Secured, token_endpoint: _TokenEndpoint
 ) -> None:
-    pair_in_one_group(secure, "SECURE", _oidc(secure, token_endpoint, token_endpoint.secret))
+    settings = _oidc(secure, token_endpoint, token_endpoint.secret)
+    ConsumerConfig.from_mapping({"bootstrap.servers": "localhost:1", "group.id": "g", **settings})
+    assert token_endpoint.requests == [], "validating the config must not fetch a token"
+    pair_in_one_group(secure, "SECURE", settings)
     grants = {(r.get("grant_type"), r.get("scope")) for r in token_endpoint.requests}
     assert grants == {("client_credentials", "kafka")}
     assert len(token_endpoint.requests) >= 2, "the group connection's and the fetcher's grants"
