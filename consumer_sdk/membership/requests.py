@@ -1,6 +1,6 @@
 """Sans-IO request managers besides the heartbeat: coordinator discovery, metadata, commits.
 
-Each follows the shape of :class:`~consumer_sdk.membership.heartbeat.HeartbeatRequestManager`:
+Each follows the shape of `HeartbeatRequestManager`:
 the host calls ``poll(now_ms, ...)`` for the requests to send now, sends them, and reports each
 outcome once with ``on_response`` or ``on_failure``; ``time_until_next_poll`` says how long it
 may wait. Nothing here does I/O or reads a clock (reference §3, §8 for the policies).
@@ -343,7 +343,7 @@ class CommitRequestManager:
         kind: CommitKind,
         timeout_ms: int | None = None,
     ) -> int:
-        """Queue a commit; returns its id (its :class:`CommitResult` carries the same id)."""
+        """Queue a commit; returns its id (its `CommitResult` carries the same id)."""
         commit_id = self._next_id
         self._next_id += 1
         todo = {

@@ -69,7 +69,7 @@ def _topic_partitions(value: tuple[TopicIdPartitions, ...] | None) -> bytes:
 
 
 class HeartbeatEncoder:
-    """Encodes :class:`HeartbeatRequest` frames (length prefix, header v2, body).
+    """Encodes `HeartbeatRequest` frames (length prefix, header v2, body).
 
     One instance may serve many members (its caches are keyed by their identity). Not
     thread-safe: use it from one thread (the network loop).

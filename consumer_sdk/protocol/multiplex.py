@@ -1,10 +1,10 @@
 """A non-blocking broker connection with many requests in flight, matched by correlation id.
 
-:class:`MuxConnection` is driven by one network thread (see
-:class:`consumer_sdk.runtime.netloop.NetworkLoop`): the thread calls :meth:`MuxConnection.submit`
-to queue requests, and :meth:`~MuxConnection.on_readable` / :meth:`~MuxConnection.flush` when
+`MuxConnection` is driven by one network thread (see
+`consumer_sdk.runtime.netloop.NetworkLoop`): the thread calls `MuxConnection.submit`
+to queue requests, and `on_readable` / `flush` when
 the selector says so. Setting the connection up (TCP connect, TLS handshake, ApiVersions, SASL)
-reuses the blocking :class:`~consumer_sdk.protocol.connection.BrokerConnection`, so every
+reuses the blocking `BrokerConnection`, so every
 security setting behaves exactly as for a dedicated connection; the negotiated socket is then
 handed over, switched to non-blocking mode, and shared.
 
@@ -89,7 +89,7 @@ class Call(Protocol[T_co]):
 
 
 class KioCall(Generic[T]):
-    """A request built with :mod:`consumer_sdk.protocol.messages` (``build(version)``), its
+    """A request built with `consumer_sdk.protocol.messages` (``build(version)``), its
     response converted to a domain type by ``convert``."""
 
     def __init__(
@@ -173,8 +173,8 @@ class MuxConnection:
     """One shared connection to ``host:port`` with ``settings``; see the module docstring.
 
     ``connect(settings, host, port, timeout)`` runs the blocking setup off the network thread
-    (the owner decides where); the owner reports its outcome with :meth:`connected` or
-    :meth:`connect_failed`.
+    (the owner decides where); the owner reports its outcome with `connected` or
+    `connect_failed`.
     """
 
     NEW, CONNECTING, READY, CLOSED = "NEW", "CONNECTING", "READY", "CLOSED"

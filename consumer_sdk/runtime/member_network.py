@@ -1,14 +1,14 @@
-"""The network side of one group member, driven by the shared :class:`NetworkLoop`.
+"""The network side of one group member, driven by the shared `NetworkLoop`.
 
-:class:`MemberNetwork` owns the member's sans-IO parts (the membership core with its heartbeat
+`MemberNetwork` owns the member's sans-IO parts (the membership core with its heartbeat
 manager, and the coordinator, metadata and commit request managers) and runs them on the
 process-wide network loop: each run polls the managers, sends what they ask for over the
 shared connections, and schedules the next run at the earliest time any of them is due.
 Responses are applied on the loop thread as they arrive. There is no thread per member.
 
 The application side (a facade running callbacks on the application thread) talks to it only
-through thread-safe methods: :meth:`submit` application events, :meth:`commit` offsets,
-:meth:`drain_background_events`, :meth:`wait_for_events`, and :meth:`stop`.
+through thread-safe methods: `submit` application events, `commit` offsets,
+`drain_background_events`, `wait_for_events`, and `stop`.
 """
 
 from __future__ import annotations
@@ -114,7 +114,7 @@ class MemberNetwork:
     """One member's network side on the shared loop; see the module docstring.
 
     ``on_events`` (optional) is called on the loop thread whenever background events or
-    commit results are ready for the application side (after :meth:`wait_for_events` waiters
+    commit results are ready for the application side (after `wait_for_events` waiters
     have been woken).
     """
 
@@ -198,7 +198,7 @@ class MemberNetwork:
         self.wake()
 
     def note_poll(self) -> None:
-        """The application polled: post a :class:`Poll` event. A stable member only needs its
+        """The application polled: post a `Poll` event. A stable member only needs its
         poll timer reset, so it posts rarely and does not wake the loop; during a rebalance
         every poll counts (it lets revocations run)."""
         now = time.monotonic()
@@ -226,8 +226,8 @@ class MemberNetwork:
         kind: CommitKind,
         timeout_s: float | None = None,
     ) -> int:
-        """Queue a commit; its :class:`CommitResult` comes back through :meth:`drain_results`
-        (or :meth:`commit_sync` waits for it)."""
+        """Queue a commit; its `CommitResult` comes back through `drain_results`
+        (or `commit_sync` waits for it)."""
         with self._lock:
             commit_id = self.commits.commit(
                 _now_ms(), offsets, kind, None if timeout_s is None else int(timeout_s * 1000)
@@ -259,7 +259,7 @@ class MemberNetwork:
         return self.core.drain_background_events()
 
     def drain_results(self) -> list[CommitResult]:
-        """Finished commits not waited for by :meth:`commit_sync`."""
+        """Finished commits not waited for by `commit_sync`."""
         with self._events:
             out, self._results = self._results, []
         return out

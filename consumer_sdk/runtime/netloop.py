@@ -1,15 +1,15 @@
 """One network thread for many members: sockets and timers multiplexed with ``selectors``.
 
-:class:`NetworkLoop` runs a single thread that owns every shared broker connection of the
+`NetworkLoop` runs a single thread that owns every shared broker connection of the
 process and a heap of timers (each member's next due time). Members never block it: they
-queue requests with :meth:`NetworkLoop.request` and get the outcome through a callback on the
+queue requests with `NetworkLoop.request` and get the outcome through a callback on the
 loop thread. Connections are shared by the members whose connection settings and broker
 address are equal (TLS and SASL settings included; ``client.id`` travels in each request
 header, so it does not split connections). Connection setup (TCP, TLS, ApiVersions, SASL)
 blocks, so it runs on a short-lived helper thread and the negotiated socket is handed over.
 
-The process-wide loop is reference-counted: :meth:`NetworkLoop.acquire` starts it on first use
-and :meth:`NetworkLoop.release` stops it (closing every connection) when its last user is gone,
+The process-wide loop is reference-counted: `NetworkLoop.acquire` starts it on first use
+and `NetworkLoop.release` stops it (closing every connection) when its last user is gone,
 so a closed member leaves no thread behind.
 """
 
@@ -42,7 +42,7 @@ _MAX_SELECT_S = 1.0
 
 
 class Timer:
-    """A scheduled callback; :meth:`cancel` it to drop it (lazy removal from the heap)."""
+    """A scheduled callback; `cancel` it to drop it (lazy removal from the heap)."""
 
     __slots__ = ("callback", "cancelled", "when")
 
@@ -91,7 +91,7 @@ class NetworkLoop:
 
     @classmethod
     def acquire(cls) -> NetworkLoop:
-        """The process-wide loop, started if needed; pair every call with :meth:`release`."""
+        """The process-wide loop, started if needed; pair every call with `release`."""
         with cls._shared_lock:
             loop = cls._shared
             if loop is None or loop._stopping:
@@ -154,7 +154,7 @@ class NetworkLoop:
         return timer
 
     def request(self, conn: MuxConnection, call: Call[Any], done: Done, timeout_s: float) -> None:
-        """Send ``call`` over ``conn`` (from :meth:`connection`), connecting if needed;
+        """Send ``call`` over ``conn`` (from `connection`), connecting if needed;
         ``done(result, error)`` runs on the loop thread (loop thread only)."""
         deadline = time.monotonic() + timeout_s
         conn.submit(call, done, deadline)
