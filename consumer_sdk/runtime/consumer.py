@@ -305,6 +305,7 @@ class Consumer(GroupMember):
                 starts[p] = offset
         self._fetcher.assign(starts)
         self._manual.update(given)
+        self._offsets.forget(set(given))
 
     def _stop_manual(self, parts: list[Partition]) -> None:
         """Stop fetching manually assigned partitions; with auto-commit, commit what was
@@ -410,8 +411,9 @@ class Consumer(GroupMember):
         Works on assigned partitions, inside ``on_assign`` (the partitions being assigned
         start there instead of the committed offset) and before their first fetch.
         Buffered records of the partition are dropped; ``position()`` is unknown until
-        the next record. Raises ``KafkaException`` (_STATE) for a partition that is not
-        assigned, (_INVALID_ARG) for OFFSET_STORED / OFFSET_INVALID."""
+        the next record; later commits of the partition may go below what was committed.
+        Raises ``KafkaException`` (_STATE) for a partition that is not assigned,
+        (_INVALID_ARG) for OFFSET_STORED / OFFSET_INVALID."""
         self._ensure_usable()
         if not isinstance(partition, TopicPartition):
             raise TypeError(f"seek() takes a TopicPartition, got {partition!r}")
@@ -425,6 +427,9 @@ class Consumer(GroupMember):
             self._assigning[key] = offset
             return
         self._fetcher.seek(key, offset)
+        # A seek is a deliberate rewind (or skip): commits from the new position on are sent
+        # even below what was committed before (the no-regression floor is reset).
+        self._offsets.forget({key})
 
     def get_watermark_offsets(
         self, partition: TopicPartition, timeout: float | None = None, cached: bool = False

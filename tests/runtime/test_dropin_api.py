@@ -93,9 +93,15 @@ def _script(consumer: Any, topic: str) -> list[Any]:
     consumer.incremental_unassign([tp(topic, 1)])
     out.append(("assignment.after_unassign", sorted(
         (p.topic, p.partition) for p in consumer.assignment())))  # fmt: skip
+    consumer.pause([tp(topic, 0), tp(topic, 1)])  # partition 1 is no longer assigned: ignored
+    consumer.seek(tp(topic, 0, 10))  # a paused partition continues there once resumed
     consumer.incremental_assign([tp(topic, 2, 15)])
     got = _drain(consumer, lambda g: len(g.get(2, [])) >= 5, "partition 2 from offset 15")
     out.append(("partition2", got[2][:5]))
+    out.append(("while_paused", got.get(0, [])))
+    consumer.resume([tp(topic, 0)])
+    got = _drain(consumer, _has({0: 1}), "partition 0 after resume")
+    out.append(("resumed", got[0][0]))
     consumer.seek(tp(topic, 2, OFFSET_END))
     wait_for(lambda: consumer.poll(0.1) is None and consumer.poll(0.3) is None,
              what="partition 2 at its end")  # fmt: skip
@@ -127,9 +133,11 @@ def test_manual_assignment_matches_confluent_kafka(embedded_kafka: EmbeddedKafka
         embedded_kafka.clear_requests()
         ours, theirs = _script(sdk, topic), _script(ref, topic)
         assert ours == theirs
-        assert dict((k, v) for k, v, *_ in ours if not k.startswith("error"))["starts"] == {
-            0: [7, 8], 1: [3, 4]
-        }
+        seen = {k: v for k, v, *_ in ours}
+        assert seen["starts"] == {0: [7, 8], 1: [3, 4]}
+        assert seen["after_seek"] == {0: [2, 3, 4], 1: [0, 1, 2]}
+        assert seen["while_paused"] == [] and seen["resumed"] == 10
+        assert seen["position.after_seek"] == [OFFSET_INVALID, OFFSET_INVALID]
         assert [v for k, v, *_ in ours if k.startswith("error")] == [
             KafkaError._CONFLICT, KafkaError._INVALID_ARG, KafkaError._STATE
         ]
@@ -156,15 +164,24 @@ def test_manual_assignment_commits_under_the_group_id(embedded_kafka: EmbeddedKa
         explicit = first.commit(offsets=[TopicPartition(topic, 1, 4)], asynchronous=False)
         assert [(p.partition, p.offset) for p in explicit or []] == [(1, 4)]
         _drain(first, lambda g: g.get(0, [-1])[-1] >= 19, "records up to offset 19")
+        first.commit(asynchronous=False)
+        assert first.committed([TopicPartition(topic, 0)])[0].offset == 20
+        # Seeking back and committing moves the committed offset back (reprocessing).
+        first.seek(TopicPartition(topic, 0, 2))
+        assert _drain(first, _has({0: 3}), "records after seeking back")[0][:3] == [2, 3, 4]
+        first.commit(offsets=first.position([TopicPartition(topic, 0)]), asynchronous=False)
+        assert first.committed([TopicPartition(topic, 0)])[0].offset == 5
+        first.seek(TopicPartition(topic, 0, 20))
+        assert _drain(first, _has({0: 1}), "the record at 20")[0] == [20]
     finally:
         first.close()
     # close() committed what was consumed: a new consumer resumes there.
     second = Consumer(config(embedded_kafka, group, enable_auto_commit=False))
     try:
         committed = second.committed([TopicPartition(topic, 0), TopicPartition(topic, 1)])
-        assert [p.offset for p in committed] == [20, 4]
+        assert [p.offset for p in committed] == [21, 4]
         second.assign([TopicPartition(topic, 0)])
-        assert _drain(second, _has({0: 1}), "the first record")[0][0] == 20
+        assert _drain(second, _has({0: 1}), "the first record")[0][0] == 21
     finally:
         second.close()
 
