@@ -298,6 +298,11 @@ _PROBE_LOGGER.propagate = False
 _LIBRDKAFKA_KEY = re.compile(r'(?:property|for) "([^"]+)"|`([a-z.]+)`')
 
 
+def _sensitive(key: str) -> bool:
+    """Keys whose values are secrets: never echoed in an error message."""
+    return any(word in key for word in ("password", "secret", "key.pem", "oauthbearer.config"))
+
+
 def _check_with_librdkafka(fetcher_conf: Mapping[str, Any], original: Mapping[str, Any]) -> None:
     """Let librdkafka validate the fetcher's settings now, at construction, so a bad value
     (``isolation.level='serializable'``) is a ConfigError naming the key, not a failure
@@ -319,7 +324,8 @@ def _check_with_librdkafka(fetcher_conf: Mapping[str, Any], original: Mapping[st
         match = _LIBRDKAFKA_KEY.search(text)
         key = next((g for g in match.groups() if g), None) if match else None
         if key is not None and key in original:
-            raise ConfigError(f"{key}: invalid value {original[key]!r}: {text}") from None
+            shown = "(hidden)" if _sensitive(key) else repr(original[key])
+            raise ConfigError(f"{key}: invalid value {shown}: {text}") from None
         raise ConfigError(f"invalid configuration: {text}") from None
     probe.close()
 

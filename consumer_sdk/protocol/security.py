@@ -316,6 +316,10 @@ def _oauth_provider(
             if not value:
                 raise ConfigError(f"{key}: required with sasl.oauthbearer.method=oidc")
         assert url is not None and client_id is not None and secret is not None
+        if not url.lower().startswith(("http://", "https://")):
+            raise ConfigError(
+                f"sasl.oauthbearer.token.endpoint.url: expected an http(s) URL, got {url!r}"
+            )
         oidc = OidcSettings(
             url, client_id, secret, get_str("sasl.oauthbearer.scope"),
             parse_extensions(get_str("sasl.oauthbearer.extensions"),
