@@ -69,10 +69,15 @@ FORMAT = "kip848"
 
 
 def register(spark: Any) -> None:
-    """Register the ``kip848`` streaming source with a SparkSession (pyspark >= 4.2)."""
-    from spark_integration.source import Kip848DataSource
+    """Register the ``kip848`` source with a SparkSession (pyspark >= 4.2).
+
+    Also adds a ``StreamingQueryListener`` that reports each batch Spark made durable to
+    the query's group member, so even ``Trigger.Once`` commits its offsets to Kafka.
+    """
+    from spark_integration.source import Kip848DataSource, install_listener
 
     spark.dataSource.register(Kip848DataSource)
+    install_listener(spark)
 
 
 def kafka_schema(include_headers: bool = False) -> str:

@@ -32,15 +32,17 @@ import os
 import signal
 import threading
 import time
+import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from types import FrameType
 from typing import Any
 
 from confluent_kafka import Consumer as KafkaConsumer
-from confluent_kafka import KafkaException, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from consumer_sdk import GroupMember, MemberState
+from spark_integration import progress
 from spark_integration.offsets import (
     EARLIEST,
     LATEST,
@@ -48,7 +50,9 @@ from spark_integration.offsets import (
     OffsetRange,
     Partition,
     SourceOffset,
+    SourceStartupError,
     rate_limit,
+    split_by_size,
     split_ranges,
 )
 from spark_integration.options import SourceOptions
@@ -61,6 +65,12 @@ _KAFKA_LOG = logging.getLogger("spark_integration.librdkafka")
 _EMITTED_MEMORY = 64
 _CLOSE_TIMEOUT_S = 10.0
 _EXIT_WATCHDOG_S = 20.0
+_WATCH_INTERVAL_S = 0.1
+#: Errors meaning "this topic or partition does not exist (any more)".
+_UNKNOWN = frozenset(
+    {KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC, KafkaError._UNKNOWN_PARTITION,
+     KafkaError.UNKNOWN_TOPIC_ID}
+)  # fmt: skip
 
 
 def _tps(parts: Iterable[Partition]) -> list[TopicPartition]:
@@ -69,6 +79,13 @@ def _tps(parts: Iterable[Partition]) -> list[TopicPartition]:
 
 def _parts(tps: Iterable[TopicPartition]) -> list[Partition]:
     return sorted((tp.topic, tp.partition) for tp in tps)
+
+
+def _names(parts: Iterable[Partition]) -> str:
+    by_topic: dict[str, list[int]] = {}
+    for t, p in sorted(parts):
+        by_topic.setdefault(t, []).append(p)
+    return "; ".join(f"topic {t!r} partitions {ps}" for t, ps in by_topic.items())
 
 
 def _committed(member: Any, parts: Iterable[Partition], attempts: int = 3) -> dict[Partition, int]:
@@ -88,11 +105,54 @@ def _committed(member: Any, parts: Iterable[Partition], attempts: int = 3) -> di
     raise AssertionError("unreachable")
 
 
+class _AssignedPartitions:
+    """Stands in for the ``GroupMember`` of an ``assign`` query: fixed partitions, no group.
+
+    Offsets are committed to ``group.id`` (when given) by a non-member client, so lag
+    tooling sees them; a broker accepts such commits while no member is in that group.
+    """
+
+    state = MemberState.STABLE
+    member_epoch = 0
+
+    def __init__(self, options: SourceOptions) -> None:
+        self.options = options
+        self.member_id = "assign-" + uuid.uuid4().hex[:16]
+        self._callbacks: dict[str, Any] = {}
+        self._assigned = False
+        self._client: KafkaConsumer | None = None
+        if options.group_id:
+            self._client = KafkaConsumer({**options.commit_config(), "logger": _KAFKA_LOG})
+
+    def subscribe(self, topics: list[str], **callbacks: Any) -> None:
+        self._callbacks = callbacks
+
+    def poll(self, timeout: float = 0.0) -> None:
+        if not self._assigned:
+            self._assigned = True
+            self._callbacks["on_assign"](self, _tps(self.options.assign))
+
+    def committed(self, tps: list[TopicPartition], timeout: float = 10.0) -> list[TopicPartition]:
+        if self._client is None:
+            return []
+        return list(self._client.committed(tps, timeout=timeout))
+
+    def commit(self, offsets: list[TopicPartition], asynchronous: bool = False) -> None:
+        if self._client is not None:
+            self._client.commit(offsets=offsets, asynchronous=False)
+
+    def close(self, timeout: float = 10.0) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            client.close()
+
+
 class GroupReader:
     """The query's ``GroupMember`` plus the offset bookkeeping of the source.
 
-    Created lazily; the member joins on first use. Not thread-safe: the stream-reader
-    process calls it from one thread.
+    Created lazily; the member joins on first use. Spark calls it from one thread; a lock
+    serialises those calls with the thread that commits batches reported durable by the
+    progress listener (:mod:`spark_integration.progress`).
     """
 
     def __init__(
@@ -102,8 +162,9 @@ class GroupReader:
     ) -> None:
         self.options = options
         self._member_factory = member_factory
-        self._member: GroupMember | None = None
+        self._member: Any = None
         self._watermark_client: KafkaConsumer | None = None
+        self._lock = threading.RLock()
         self._owned: set[Partition] = set()
         self._durable: dict[Partition, int] = {}  # owned: what the sink durably holds
         self._pending: dict[Partition, int] = {}  # assigned since the last emitted offset
@@ -111,10 +172,18 @@ class GroupReader:
         self._kafka_committed: dict[Partition, int] = {}
         self._emitted: OrderedDict[str, None] = OrderedDict()
         self._initial: dict[str, Any] | None = None
+        self._last_end: SourceOffset | None = None  # the last batch end handed to Spark
+        self._durable_keys: set[str] = set()
         self._available_now: dict[Partition, int] | None = None
         self._latest: dict[Partition, int] = {}
+        self._scope: set[Partition] | None = None  # where startingOffsets applies
+        self._restarted = False
+        self._gone: set[Partition] = set()  # deleted, reported (failOnDataLoss=false)
+        self._last_trigger = time.monotonic()  # maxTriggerDelay counts from the start
         self._closed = False
         self._joined = False
+        self._watcher: threading.Thread | None = None
+        self._stop_watch = threading.Event()
         self._event_log = options.event_log
         self.events: list[dict[str, Any]] = []
         self._event("start", [], pid=os.getpid())
@@ -122,18 +191,24 @@ class GroupReader:
     # -- membership -------------------------------------------------------------------------
 
     @property
-    def member(self) -> GroupMember | None:
+    def member(self) -> Any:
         return self._member
 
     @property
     def owned(self) -> set[Partition]:
         return set(self._owned)
 
-    def _ensure_member(self, wait: bool) -> GroupMember:
+    def _ensure_member(self, wait: bool) -> Any:
         if self._closed:
             raise RuntimeError("the kip848 source reader is closed")
         if self._member is None:
-            member = self._member_factory(self.options.member_config())
+            existing = self._await_startup()
+            self._scope = set() if self._restarted else existing
+            member: Any
+            if self.options.membership:
+                member = self._member_factory(self.options.member_config())
+            else:
+                member = _AssignedPartitions(self.options)
             member.subscribe(
                 self.options.subscription,
                 on_assign=self._on_assign,
@@ -142,19 +217,65 @@ class GroupReader:
             )
             self._member = member
             log.info("kip848: joining group %s for %s", self.options.group_id,
-                     self.options.subscription)  # fmt: skip
+                     self.options.subscription or self.options.assign)  # fmt: skip
             self._joined = False
+            self._start_watcher()
         if wait and not self._joined:
             self._wait_stable(self._member)
             self._joined = True
         return self._member
 
-    def _wait_stable(self, member: GroupMember) -> None:
+    def _await_startup(self) -> set[Partition]:
+        """Wait (joinTimeoutMs) for a broker and the subscribed topics; else a clear error.
+
+        Returns the partitions that exist now: ``startingOffsets`` applies to them, and
+        partitions that appear later start at the earliest offset (Spark's rule).
+        """
+        o = self.options
+        wait_ms = o.join_timeout_ms
+        deadline = time.monotonic() + wait_ms / 1000
+        while True:
+            remaining = max(deadline - time.monotonic(), 0.0)
+            try:
+                md = self._client().list_topics(timeout=max(min(remaining, 5.0), 0.5))
+            except KafkaException as exc:
+                if time.monotonic() >= deadline:
+                    raise SourceStartupError(
+                        f"kip848: no Kafka broker answered at kafka.bootstrap.servers="
+                        f"{o.bootstrap_servers} within {wait_ms} ms (joinTimeoutMs): "
+                        f"{exc.args[0].str()}"
+                    ) from None
+                time.sleep(min(0.5, remaining))
+                continue
+            topics = {
+                name: sorted(t.partitions)
+                for name, t in md.topics.items()
+                if t.error is None or t.error.code() not in _UNKNOWN
+            }
+            if o.assign:
+                missing = [f"{t}[{p}]" for t, p in o.assign if p not in topics.get(t, ())]
+                what = "assigned partition(s)"
+            else:
+                missing = [t for t in o.topics if t not in topics]
+                what = "subscribed topic(s)"
+            if not missing:
+                return {(t, p) for t, ps in topics.items() if o.matches(t) for p in ps}
+            if time.monotonic() >= deadline:
+                raise SourceStartupError(
+                    f"kip848: {what} {missing} do not exist on {o.bootstrap_servers} (waited "
+                    f"{wait_ms} ms, joinTimeoutMs): create them, or fix the "
+                    f"{'assign' if o.assign else 'subscribe'} option"
+                )
+            time.sleep(min(0.5, remaining))
+
+    def _wait_stable(self, member: Any) -> None:
         """Poll until the member has reconciled its first assignment (bounded)."""
         deadline = time.monotonic() + self.options.join_timeout_ms / 1000
         while True:
             self._poll(member, 0.1)
-            if member.state is MemberState.STABLE and member.member_epoch > 0:
+            if member.state is MemberState.STABLE and (
+                member.member_epoch > 0 or not self.options.membership
+            ):
                 return
             if time.monotonic() >= deadline:
                 log.warning(
@@ -164,7 +285,7 @@ class GroupReader:
                 )  # fmt: skip
                 return
 
-    def _poll(self, member: GroupMember, timeout: float = 0.0) -> None:
+    def _poll(self, member: Any, timeout: float = 0.0) -> None:
         """Serve the member: run the rebalance callbacks its heartbeat thread queued.
 
         Called once per Spark call (latestOffset, commit), so callbacks never run while a
@@ -184,7 +305,7 @@ class GroupReader:
             return
         committed = _committed(member, parts)
         fresh = [p for p in parts if p not in committed and p not in self._hints]
-        starting = self._starting_offsets(fresh)
+        starting = self._fresh_starts(fresh)
         for p in parts:
             known = [o for o in (committed.get(p), self._hints.get(p)) if o is not None]
             if known:
@@ -195,8 +316,9 @@ class GroupReader:
                 self._durable.pop(p, None)
             self._pending[p] = start
             self._owned.add(p)
+            self._gone.discard(p)
         if self._available_now is not None:
-            self._available_now.update(self._watermarks(parts, high_only=True)[1])
+            self._available_now.update(self._watermarks(parts)[1])
         self._event("assign", parts, starts={f"{t}:{p}": self._pending[(t, p)] for t, p in parts},
                     epoch=member.member_epoch)  # fmt: skip
 
@@ -238,41 +360,70 @@ class GroupReader:
 
     def initial_offset(self) -> dict[str, Any]:
         """Offsets of the partitions owned once joined (the same dict on every call)."""
-        if self._initial is None:
-            member = self._ensure_member(wait=True)
-            offset = SourceOffset(
-                positions=dict(self._pending), epoch=member.member_epoch,
-                member_id=member.member_id,
-            )  # fmt: skip
-            self._pending.clear()
-            self._remember(offset)
-            self._initial = offset.to_json()
-        return self._initial
+        with self._lock:
+            if self._initial is None:
+                member = self._ensure_member(wait=True)
+                offset = SourceOffset(
+                    positions=dict(self._pending), epoch=member.member_epoch,
+                    member_id=member.member_id,
+                )  # fmt: skip
+                self._pending.clear()
+                self._remember(offset)
+                self._initial = offset.to_json()
+            return self._initial
 
     def latest_offset(
-        self, start: Mapping[str, Any] | None, max_rows: int | None = None, min_rows: int = 0
+        self,
+        start: Mapping[str, Any] | None,
+        max_rows: int | None = None,
+        min_rows: int = 0,
+        all_available: bool = False,
     ) -> dict[str, Any]:
-        """The end of the next batch (``start`` itself when there is nothing new)."""
+        """The end of the next batch (``start`` itself when there is nothing new).
+
+        ``min_rows`` (ReadMinRows, or minOffsetsPerTrigger) holds the batch back until that
+        many records are available or ``maxTriggerDelay`` passed since the last batch;
+        ``all_available`` (Trigger.Once, AvailableNow) ignores it.
+        """
+        with self._lock:
+            return self._latest_offset(start, max_rows, min_rows, all_available)
+
+    def _latest_offset(
+        self, start: Mapping[str, Any] | None, max_rows: int | None, min_rows: int,
+        all_available: bool,
+    ) -> dict[str, Any]:  # fmt: skip
         begin = SourceOffset.from_json(start)
+        if self._initial is None and self._member is None:
+            self._restarted = True  # resumed from a checkpoint: initialOffset never called
         self._learn(begin)
         member = self._ensure_member(wait=True)
         self._mark_durable(begin)
         self._commit_durable(member)
         self._poll(member)
         froms: dict[Partition, int] = {}
-        for p in sorted(self._owned):
+        for p in sorted(self._owned - self._gone):
             if p in self._pending:
                 froms[p] = self._pending[p]
             elif p in begin.positions:
                 froms[p] = begin.positions[p]
             else:  # owned but never started (should not happen): start it now
-                froms[p] = self._starting_offsets([p])[p]
-        low, high = self._watermarks(froms)
-        for p, frm in list(froms.items()):
-            if frm < low[p] or frm > high[p]:
-                self._data_loss(p, frm, low[p], high[p])
+                froms[p] = self._fresh_starts([p])[p]
+        low, high, unknown = self._watermarks(froms)
+        gone = self._deleted(set(unknown) | (set(begin.positions) - self._owned))
+        if gone:
+            self._report_deleted(gone, begin)
+        for p in unknown:
+            if p in gone:
+                froms.pop(p, None)
+            else:  # not deleted: metadata not propagated yet; no new data this time
+                low[p] = high[p] = froms[p]
+        lost = {p: (frm, low[p], high[p]) for p, frm in froms.items()
+                if frm < low[p] or frm > high[p]}  # fmt: skip
+        if lost:
+            self._data_loss(lost)
+            for p in lost:
                 froms[p] = low[p]
-        latest = dict(high)
+        latest = {p: high[p] for p in froms}
         if self._available_now is not None:
             latest = {p: min(o, self._available_now.get(p, o)) for p, o in latest.items()}
         latest = {p: max(o, froms[p]) for p, o in latest.items()}
@@ -282,11 +433,21 @@ class GroupReader:
         if not starts and ends == begin.positions:
             return dict(start or {})
         backlog = sum(ends[p] - froms[p] for p in ends)
-        if min_rows > 0 and backlog < min_rows and not starts and set(ends) == set(begin.positions):
-            return dict(start or {})  # ReadMinRows: wait for more data
+        if (
+            min_rows > 0
+            and not all_available
+            and self._available_now is None
+            and backlog < min_rows
+            and not starts
+            and set(ends) == set(begin.positions)
+            and time.monotonic() - self._last_trigger < self.options.max_trigger_delay_ms / 1000
+        ):
+            return dict(start or {})  # minOffsetsPerTrigger: wait for more data or the delay
+        self._last_trigger = time.monotonic()
         offset = SourceOffset(ends, starts, member.member_epoch, member.member_id)
         self._pending.clear()
         self._remember(offset)
+        self._last_end = offset
         return offset.to_json()
 
     def report_latest_offset(self) -> dict[str, Any] | None:
@@ -297,11 +458,16 @@ class GroupReader:
 
     def prepare_for_trigger_available_now(self) -> None:
         """Bound this run to the data available now (high watermarks of owned partitions)."""
-        self._ensure_member(wait=True)
-        self._available_now = self._watermarks(self._owned, high_only=True)[1]
+        with self._lock:
+            self._ensure_member(wait=True)
+            self._available_now = self._watermarks(self._owned - self._gone)[1]
 
     def plan(self, start: Mapping[str, Any] | None, end: Mapping[str, Any]) -> list[OffsetRange]:
         """Offset ranges of the batch ``(start, end]`` (deterministic from the two offsets)."""
+        with self._lock:
+            return self._plan(start, end)
+
+    def _plan(self, start: Mapping[str, Any] | None, end: Mapping[str, Any]) -> list[OffsetRange]:
         begin, finish = SourceOffset.from_json(start), SourceOffset.from_json(end)
         self._learn(begin)
         ranges: list[OffsetRange] = []
@@ -314,11 +480,15 @@ class GroupReader:
                 ranges.append(OffsetRange(topic, partition, frm, until))
         mine = finish.key() in self._emitted
         check = [r for r in ranges if not mine or r.tp not in self._owned]
-        if check:
+        if check and self.options.membership:
             # Not ours now (replay after a restart, or revoked in flight): skip what the group
             # already committed past this range's start (another member's progress).
             member = self._ensure_member(wait=False)
-            committed = _committed(member, {r.tp for r in check})
+            try:
+                committed = _committed(member, {r.tp for r in check})
+            except KafkaException as exc:  # e.g. a deleted topic: the executor reports it
+                log.info("kip848: committed offsets for replay planning unavailable: %s", exc)
+                committed = {}
             adjusted = []
             for r in ranges:
                 c = committed.get(r.tp, -1)
@@ -326,36 +496,104 @@ class GroupReader:
                     r = OffsetRange(r.topic, r.partition, min(c, r.until_offset), r.until_offset)
                 adjusted.append(r)
             ranges = adjusted
+        ranges = split_by_size(ranges, self.options.max_records_per_partition)
         return split_ranges(ranges, self.options.min_partitions)
 
     def commit(self, end: Mapping[str, Any]) -> None:
         """Spark made the batch ending at ``end`` durable: commit it to Kafka."""
+        with self._lock:
+            offset = SourceOffset.from_json(end)
+            self._learn(offset)
+            member = self._ensure_member(wait=True)
+            self._mark_durable(offset)
+            self._poll(member)
+            self._commit_durable(member)
+
+    def durable(self, end: Mapping[str, Any] | str) -> bool:
+        """The progress listener saw the batch ending at ``end`` complete: commit it now.
+
+        Only offsets this reader built count; returns whether it was one.
+        """
         offset = SourceOffset.from_json(end)
-        self._learn(offset)
-        member = self._ensure_member(wait=True)
-        self._mark_durable(offset)
-        self._poll(member)
-        self._commit_durable(member)
+        with self._lock:
+            if self._closed or self._member is None or offset.key() not in self._emitted:
+                return False
+            self._mark_durable(offset)
+            self._commit_durable(self._member)
+            return True
 
     def close(self, timeout: float = _CLOSE_TIMEOUT_S) -> None:
         """Leave the group (revoke callbacks commit durable offsets first). Idempotent."""
-        if self._closed:
+        self._await_last_batch()
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._stop_watch.set()
+            member, self._member = self._member, None
+            if member is not None:
+                try:
+                    member.close(timeout=timeout)
+                except Exception as exc:  # closing is best-effort; the session timeout cleans up
+                    log.warning("kip848: closing the group member failed: %s", exc)
+                self._event("left", [], member_id=member.member_id)
+                progress.forget(member.member_id)
+            client, self._watermark_client = self._watermark_client, None
+            if client is not None:
+                closer = threading.Thread(target=client.close, daemon=True)
+                closer.start()
+                closer.join(5.0)
+            self._event("close", sorted(self._owned))
+            log.info("kip848: left group %s", self.options.group_id)
+
+    # -- batches reported durable by the driver's progress listener -------------------------
+
+    def _start_watcher(self) -> None:
+        if self._watcher is not None:
             return
-        self._closed = True
-        member, self._member = self._member, None
-        if member is not None:
+        self._watcher = threading.Thread(target=self._watch, name="kip848-durable", daemon=True)
+        self._watcher.start()
+
+    def _watch(self) -> None:
+        seen: str | None = None
+        while not self._stop_watch.wait(_WATCH_INTERVAL_S):
+            member = self._member
+            if member is None:
+                continue
+            text = progress.read(member.member_id)
+            if text is None or text == seen:
+                continue
+            seen = text
             try:
-                member.close(timeout=timeout)
-            except Exception as exc:  # closing is best-effort; the session timeout cleans up
-                log.warning("kip848: closing the group member failed: %s", exc)
-            self._event("left", [], member_id=member.member_id)
-        client, self._watermark_client = self._watermark_client, None
-        if client is not None:
-            closer = threading.Thread(target=client.close, daemon=True)
-            closer.start()
-            closer.join(5.0)
-        self._event("close", sorted(self._owned))
-        log.info("kip848: left group %s", self.options.group_id)
+                self.durable(text)
+            except Exception as exc:  # the next batch commits it anyway
+                log.info("kip848: committing a batch reported durable failed: %s", exc)
+
+    def _last_batch_durable(self) -> bool:
+        last = self._last_end
+        return last is None or last.key() in self._durable_keys
+
+    def _await_last_batch(self) -> None:
+        """On stop: give the progress listener a moment to report the last batch durable.
+
+        Trigger.Once runs one batch and stops: no later Spark call says it completed. When a
+        progress listener is registered (``spark_integration.register``), it reports the
+        batch, and its offsets are committed before the member leaves.
+        """
+        wait_s = self.options.close_commit_wait_ms / 1000
+        member = self._member
+        if member is None or self._closed or self._last_batch_durable() or wait_s <= 0:
+            return
+        if not progress.listener_active():
+            return
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline and not self._last_batch_durable():
+            text = progress.read(member.member_id)
+            if text is not None:
+                with contextlib.suppress(Exception):
+                    self.durable(text)
+            if not self._last_batch_durable():
+                time.sleep(0.05)
 
     # -- bookkeeping --------------------------------------------------------------------------
 
@@ -377,6 +615,9 @@ class GroupReader:
 
     def _mark_durable(self, offset: SourceOffset) -> None:
         """The batch ending at ``offset`` is in the sink (and the checkpoint)."""
+        self._durable_keys.add(offset.key())
+        if len(self._durable_keys) > _EMITTED_MEMORY:
+            self._durable_keys = {k for k in self._durable_keys if k in self._emitted}
         for p, pos in offset.positions.items():
             if pos > self._hints.get(p, -1):
                 self._hints[p] = pos
@@ -385,13 +626,15 @@ class GroupReader:
             if p in self._pending and pos > self._pending[p]:
                 self._pending[p] = pos  # (re)assigned while this batch was in flight
 
-    def _commit_durable(self, member: GroupMember) -> None:
+    def _commit_durable(self, member: Any) -> None:
         todo = {
             p: o
             for p, o in self._durable.items()
-            if p in self._owned and self._kafka_committed.get(p) != o
+            if p in self._owned and p not in self._gone and self._kafka_committed.get(p) != o
         }
-        if not todo or member.member_epoch <= 0:
+        if not todo or (self.options.membership and member.member_epoch <= 0):
+            return
+        if not self.options.membership and not self.options.group_id:
             return
         for attempt in (1, 2):
             try:
@@ -414,14 +657,60 @@ class GroupReader:
                     if not todo:
                         return
 
-    def _data_loss(self, p: Partition, frm: int, low: int, high: int) -> None:
+    def _data_loss(self, lost: Mapping[Partition, tuple[int, int, int]]) -> None:
+        detail = ", ".join(
+            f"{t}[{p}] at offset {frm} (available [{low}, {high}])"
+            for (t, p), (frm, low, high) in sorted(lost.items())
+        )
         text = (
-            f"{p[0]}[{p[1]}]: offset {frm} is outside the available range [{low}, {high}]: "
-            "some data may have been lost (retention, deleted or recreated topic)"
+            f"offsets out of range, records lost (retention, truncation, or a deleted and "
+            f"recreated topic): {detail}"
         )
         if self.options.fail_on_data_loss:
-            raise DataLossError(text + "; set failOnDataLoss=false to continue from the earliest")
-        log.warning("kip848: %s; continuing from %d", text, low)
+            raise DataLossError(
+                f"kip848: {text}. Set failOnDataLoss=false to continue from the earliest "
+                "available offsets with a warning"
+            )
+        log.warning("kip848: %s; continuing from the earliest available offsets "
+                    "(failOnDataLoss=false)", text)  # fmt: skip
+
+    def _deleted(self, candidates: set[Partition]) -> set[Partition]:
+        """Those of ``candidates`` whose topic (or partition) no longer exists."""
+        candidates -= self._gone
+        if not candidates:
+            return set()
+        md = self._retrying("describing topics", lambda: self._client().list_topics(timeout=10.0))
+        out = set()
+        for t, p in candidates:
+            meta = md.topics.get(t)
+            if (
+                meta is None
+                or (meta.error is not None and meta.error.code() in _UNKNOWN)
+                or p not in meta.partitions
+            ):
+                out.add((t, p))
+        return out
+
+    def _report_deleted(self, gone: set[Partition], begin: SourceOffset) -> None:
+        unread = []
+        for p in sorted(gone):
+            at = begin.positions.get(p, self._pending.get(p))
+            seen = self._latest.get(p)
+            if at is not None and seen is not None and seen > at:
+                unread.append(f"{p[0]}[{p[1]}] offsets [{at}, {seen}) ({seen - at} records)")
+            elif at is not None:
+                unread.append(f"{p[0]}[{p[1]}] from offset {at}")
+        text = (
+            f"deleted while the query read them: {_names(gone)}. Records not yet read there are "
+            f"lost: {', '.join(unread) or 'none known'}"
+        )
+        if self.options.fail_on_data_loss:
+            raise DataLossError(
+                f"kip848: {text}. Set failOnDataLoss=false to skip deleted topics with a warning"
+            )
+        log.warning("kip848: %s; skipped (failOnDataLoss=false)", text)
+        self._gone |= gone
+        self._event("deleted", sorted(gone))
 
     # -- offsets from the cluster -------------------------------------------------------------
 
@@ -432,40 +721,126 @@ class GroupReader:
             )
         return self._watermark_client
 
+    def _retrying(self, what: str, call: Callable[[], Any]) -> Any:
+        """``call`` with fetchOffset.numRetries retries, fetchOffset.retryIntervalMs apart."""
+        o = self.options
+        for attempt in range(o.fetch_retries + 1):
+            try:
+                return call()
+            except KafkaException as exc:
+                error = exc.args[0]
+                if error.code() in _UNKNOWN or error.fatal() or attempt == o.fetch_retries:
+                    raise
+                log.info("kip848: %s failed (%s); retrying", what, error.str())
+                time.sleep(o.fetch_retry_interval_ms / 1000)
+        raise AssertionError("unreachable")
+
     def _watermarks(
-        self, parts: Iterable[Partition], high_only: bool = False
-    ) -> tuple[dict[Partition, int], dict[Partition, int]]:
+        self, parts: Iterable[Partition]
+    ) -> tuple[dict[Partition, int], dict[Partition, int], list[Partition]]:
+        """Low and high watermarks, and the partitions the broker does not know."""
         low: dict[Partition, int] = {}
         high: dict[Partition, int] = {}
+        unknown: list[Partition] = []
         client = self._client()
         for t, p in sorted(parts):
-            lo, hi = client.get_watermark_offsets(TopicPartition(t, p), timeout=10.0, cached=False)
+            try:
+                lo, hi = self._retrying(
+                    f"the watermarks of {t}[{p}]",
+                    lambda t=t, p=p: client.get_watermark_offsets(  # type: ignore[misc]
+                        TopicPartition(t, p), timeout=10.0, cached=False
+                    ),
+                )
+            except KafkaException as exc:
+                if exc.args[0].code() not in _UNKNOWN:
+                    raise KafkaException(
+                        KafkaError(exc.args[0].code(),
+                                   f"kip848: the offsets of {t}[{p}]: {exc.args[0].str()}")
+                    ) from None  # fmt: skip
+                unknown.append((t, p))
+                continue
             low[(t, p)], high[(t, p)] = int(lo), int(hi)
-        return low, high
+        return low, high, unknown
 
-    def _starting_offsets(self, parts: list[Partition]) -> dict[Partition, int]:
-        """``startingTimestamp`` / ``startingOffsets`` for partitions the group never committed."""
+    def _fresh_starts(self, parts: list[Partition]) -> dict[Partition, int]:
+        """Where partitions without a committed or checkpointed offset start.
+
+        ``startingOffsets`` / timestamps apply to the partitions that existed when the query
+        started; partitions discovered later (a partition increase, a new topic matching
+        subscribePattern) and every partition of a query resumed from a checkpoint start at
+        the earliest offset, as in Spark's Kafka source.
+        """
         if not parts:
             return {}
-        low, high = self._watermarks(parts)
+        scope = self._scope or set()
+        initial = [p for p in parts if p in scope]
+        new = [p for p in parts if p not in scope]
+        out = self._starting_offsets(initial)
+        if new:
+            low = self._watermarks(new)[0]
+            for p in new:
+                out[p] = low.get(p, 0)
+            starts = {f"{t}[{p}]": out[(t, p)] for t, p in new}
+            log.info("kip848: %s: new since the query started; reading from the earliest "
+                     "offsets %s", _names(new), starts)  # fmt: skip
+        return out
+
+    def _starting_offsets(self, parts: list[Partition]) -> dict[Partition, int]:
+        """``startingTimestamp`` > ``startingOffsetsByTimestamp`` > ``startingOffsets``."""
+        if not parts:
+            return {}
+        low, high, _ = self._watermarks(parts)
         o = self.options
-        if o.starting_timestamp is not None:
-            found = self._client().offsets_for_times(
-                [TopicPartition(t, p, o.starting_timestamp) for t, p in parts], timeout=10.0
-            )
-            return {
-                (tp.topic, tp.partition): tp.offset
-                if tp.offset >= 0
-                else high[(tp.topic, tp.partition)]
-                for tp in found
-            }
-        out: dict[Partition, int] = {}
+        stamps: dict[Partition, int] = {}
         for p in parts:
+            if o.starting_timestamp is not None:
+                stamps[p] = o.starting_timestamp
+            elif o.starting_by_timestamp and p in o.starting_by_timestamp:
+                stamps[p] = o.starting_by_timestamp[p]
+        out: dict[Partition, int] = {}
+        if stamps:
+            out.update(self._offsets_for_times(stamps, high, "starting"))
+        for p in parts:
+            if p in out:
+                continue
             spec = o.starting_offsets
             wanted = spec.get(p, EARLIEST) if isinstance(spec, dict) else (
                 EARLIEST if spec == "earliest" else LATEST
             )  # fmt: skip
-            out[p] = low[p] if wanted == EARLIEST else high[p] if wanted == LATEST else wanted
+            out[p] = low.get(p, 0) if wanted == EARLIEST else high.get(p, 0) \
+                if wanted == LATEST else wanted  # fmt: skip
+        return out
+
+    def _offsets_for_times(
+        self, stamps: Mapping[Partition, int], high: Mapping[Partition, int], which: str
+    ) -> dict[Partition, int]:
+        """The first offset at or after each timestamp (Kafka's ListOffsets by time)."""
+        found = self._retrying(
+            "offsets for timestamps",
+            lambda: self._client().offsets_for_times(
+                [TopicPartition(t, p, ts) for (t, p), ts in sorted(stamps.items())], timeout=10.0
+            ),
+        )
+        out: dict[Partition, int] = {}
+        missing = []
+        for tp in found:
+            p = (tp.topic, tp.partition)
+            if tp.error is not None:
+                raise KafkaException(tp.error)
+            if tp.offset >= 0:
+                out[p] = tp.offset
+            elif which == "starting" and self.options.timestamp_strategy == "latest":
+                out[p] = high[p]
+            else:
+                missing.append(f"{tp.topic}[{tp.partition}] (timestamp {stamps[p]})")
+        if missing:
+            option = "startingTimestamp" if self.options.starting_timestamp is not None else \
+                "startingOffsetsByTimestamp"  # fmt: skip
+            raise ValueError(
+                f"kip848: {option}: no record at or after the timestamp in {', '.join(missing)}; "
+                "set startingOffsetsByTimestampStrategy=latest to start those partitions at "
+                "the latest offset instead"
+            )
         return out
 
     def _event(self, kind: str, parts: Iterable[Partition], **extra: Any) -> None:

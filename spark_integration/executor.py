@@ -17,7 +17,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,6 +51,10 @@ HEADERS_DDL = "headers array<struct<key:string,value:binary>>"
 _CACHE_CAPACITY = 64
 _IDLE_CLOSE_S = 300.0
 _CONSUME_SLICE_S = 0.5
+_STALL_CHECK_S = 3.0
+_UNKNOWN = frozenset(
+    {KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC, KafkaError._UNKNOWN_PARTITION}
+)
 # confluent-kafka's TIMESTAMP_* -> Kafka's TimestampType id, as Spark's source reports it.
 _TIMESTAMP_TYPE = {0: -1, 1: 0, 2: 1}
 
@@ -74,19 +78,24 @@ def arrow_schema(include_headers: bool) -> pa.Schema:
 
 @dataclass(frozen=True)
 class ReadTask:
-    """What one Spark task reads: a range plus the settings to read it (picklable)."""
+    """What one Spark task reads: offset ranges plus the settings to read them (picklable)."""
 
-    range: OffsetRange
+    ranges: tuple[OffsetRange, ...]
     config: tuple[tuple[str, str], ...]
     include_headers: bool
     fail_on_data_loss: bool
     poll_timeout_ms: int
     arrow_batch_size: int
 
+    @property
+    def range(self) -> OffsetRange:
+        """The first range (a task built from one range has only that one)."""
+        return self.ranges[0]
+
     @classmethod
     def make(
         cls,
-        offset_range: OffsetRange,
+        ranges: OffsetRange | Sequence[OffsetRange],
         config: Mapping[str, Any],
         *,
         include_headers: bool,
@@ -95,7 +104,7 @@ class ReadTask:
         arrow_batch_size: int,
     ) -> ReadTask:
         return cls(
-            offset_range,
+            (ranges,) if isinstance(ranges, OffsetRange) else tuple(ranges),
             tuple(sorted((str(k), str(v)) for k, v in config.items())),
             include_headers,
             fail_on_data_loss,
@@ -230,24 +239,25 @@ def records_to_batch(messages: list[Any], include_headers: bool = False) -> pa.R
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
-def _data_loss(task: ReadTask, message: str) -> None:
-    r = task.range
+def _data_loss(task: ReadTask, r: OffsetRange, message: str) -> None:
     text = (
-        f"{r.topic}[{r.partition}] offsets [{r.from_offset}, {r.until_offset}): {message}. "
-        "Some data may have been lost (deleted topic, retention or truncation); set "
-        "failOnDataLoss=false to skip missing records instead of failing"
+        f"kip848: {r.topic}[{r.partition}] offsets [{r.from_offset}, {r.until_offset}): "
+        f"{message}. Records may have been lost (deleted topic, retention or truncation)"
     )
     if task.fail_on_data_loss:
-        raise DataLossError(text)
-    log.warning("%s", text)
+        raise DataLossError(text + "; set failOnDataLoss=false to skip them with a warning")
+    log.warning("%s; skipped (failOnDataLoss=false)", text)
 
 
 def read_range(task: ReadTask) -> Iterator[pa.RecordBatch]:
-    """Yield ``task.range`` as Arrow record batches in the Kafka source schema."""
-    r = task.range
+    """Yield the task's ranges as Arrow record batches in the Kafka source schema."""
     schema = arrow_schema(task.include_headers)
-    if r.size <= 0:
-        return
+    for r in task.ranges:
+        if r.size > 0:
+            yield from _read_one(task, r, schema)
+
+
+def _read_one(task: ReadTask, r: OffsetRange, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
     entry = _checkout(task.config, r.topic, r.partition)
     tp = TopicPartition(r.topic, r.partition, r.from_offset)
     clean = False
@@ -258,7 +268,7 @@ def read_range(task: ReadTask) -> Iterator[pa.RecordBatch]:
         elif entry.next_offset != r.from_offset:
             entry.consumer.seek(tp)  # drops whatever was prefetched
         entry.next_offset = -1
-        yield from _consume(entry, task, schema)
+        yield from _consume(entry, task, r, schema)
         # Continue without a seek next time only if the consumer stopped exactly at the end.
         pos = entry.consumer.position([TopicPartition(r.topic, r.partition)])[0].offset
         entry.next_offset = r.until_offset if pos == r.until_offset else -1
@@ -270,11 +280,13 @@ def read_range(task: ReadTask) -> Iterator[pa.RecordBatch]:
             _close(entry)
 
 
-def _consume(entry: _Cached, task: ReadTask, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
-    r = task.range
+def _consume(
+    entry: _Cached, task: ReadTask, r: OffsetRange, schema: pa.Schema
+) -> Iterator[pa.RecordBatch]:
     cols = _Columns(task.include_headers)
     position = r.from_offset  # next offset this range still needs
     deadline = time.monotonic() + task.poll_timeout_ms / 1000
+    stall_check = time.monotonic() + _STALL_CHECK_S
     while position < r.until_offset:
         wanted = min(r.until_offset - position, task.arrow_batch_size)
         msgs = entry.consumer.consume(wanted, _CONSUME_SLICE_S)
@@ -293,7 +305,7 @@ def _consume(entry: _Cached, task: ReadTask, schema: pa.Schema) -> Iterator[pa.R
                 if err.code() == KafkaError._AUTO_OFFSET_RESET or (
                     err.code() == KafkaError.OFFSET_OUT_OF_RANGE
                 ):
-                    _data_loss(task, f"offset {position} is out of range ({err.str()})")
+                    _data_loss(task, r, f"offset {position} is out of range ({err.str()})")
                     return_to = _earliest_after(entry, r.topic, r.partition, position)
                     if return_to is None or return_to >= r.until_offset:
                         position = r.until_offset
@@ -302,6 +314,12 @@ def _consume(entry: _Cached, task: ReadTask, schema: pa.Schema) -> Iterator[pa.R
                         entry.consumer.assign([TopicPartition(r.topic, r.partition, position)])
                     progressed = True
                     break
+                if err.code() in _UNKNOWN:
+                    if _topic_gone(entry, r.topic, r.partition):
+                        _data_loss(task, r, f"the topic or partition no longer exists "
+                                            f"({err.str()})")  # fmt: skip
+                        return
+                    continue
                 if err.fatal() or not err.retriable():
                     raise KafkaException(err)
                 log.warning("reading %s[%d]: %s", r.topic, r.partition, err.str())
@@ -324,6 +342,9 @@ def _consume(entry: _Cached, task: ReadTask, schema: pa.Schema) -> Iterator[pa.R
             pos = entry.consumer.position([TopicPartition(r.topic, r.partition)])[0].offset
             if pos >= r.until_offset:
                 break
+            if time.monotonic() > stall_check and _topic_gone(entry, r.topic, r.partition):
+                _data_loss(task, r, "the topic or partition no longer exists")
+                return
             if time.monotonic() > deadline:
                 raise TimeoutError(
                     f"reading {r.topic}[{r.partition}] stalled at offset {position} for "
@@ -332,6 +353,7 @@ def _consume(entry: _Cached, task: ReadTask, schema: pa.Schema) -> Iterator[pa.R
                 )
         else:
             deadline = time.monotonic() + task.poll_timeout_ms / 1000
+            stall_check = time.monotonic() + _STALL_CHECK_S
     if len(cols):
         yield cols.batch(schema, r.topic, r.partition)
 
@@ -344,3 +366,17 @@ def _earliest_after(entry: _Cached, topic: str, partition: int, position: int) -
     except KafkaException:
         return None
     return max(int(low), position)
+
+
+def _topic_gone(entry: _Cached, topic: str, partition: int) -> bool:
+    """Whether the broker no longer knows ``topic[partition]`` (a deleted topic)."""
+    try:
+        md = entry.consumer.list_topics(topic, timeout=10.0)
+    except KafkaException:
+        return False
+    meta = md.topics.get(topic)
+    if meta is None:
+        return True
+    if meta.error is not None and meta.error.code() in _UNKNOWN:
+        return True
+    return partition not in meta.partitions

@@ -30,8 +30,14 @@ __all__ = [
     "OffsetRange",
     "Partition",
     "SourceOffset",
+    "SourceStartupError",
+    "pack_tasks",
+    "parse_assign",
+    "parse_offsets_json",
     "parse_starting_offsets",
+    "parse_timestamps",
     "rate_limit",
+    "split_by_size",
     "split_ranges",
 ]
 
@@ -45,6 +51,10 @@ LATEST = -1
 
 class DataLossError(RuntimeError):
     """Records the source should read are gone (deleted topic, retention, truncation)."""
+
+
+class SourceStartupError(RuntimeError):
+    """The query cannot start: no broker answered, or a subscribed topic does not exist."""
 
 
 def _nested(positions: Mapping[Partition, int]) -> dict[str, dict[str, int]]:
@@ -126,26 +136,69 @@ class OffsetRange:
         return (self.topic, self.partition)
 
 
-def parse_starting_offsets(value: str | None) -> str | dict[Partition, int]:
+def parse_offsets_json(
+    value: str | None, what: str = "startingOffsets", default: str = "latest"
+) -> str | dict[Partition, int]:
     """``earliest``/``latest`` or JSON ``{topic: {partition: offset}}`` (-2 earliest/-1 latest)."""
     if value is None:
-        return "latest"
+        return default
     text = value.strip()
     if text.lower() in ("earliest", "latest"):
         return text.lower()
     try:
         data = json.loads(text)
     except ValueError:
-        raise ValueError(
-            f"startingOffsets: expected 'earliest', 'latest' or JSON, got {value!r}"
-        ) from None
+        raise ValueError(f"{what}: expected 'earliest', 'latest' or JSON, got {value!r}") from None
     if not isinstance(data, Mapping):
-        raise ValueError("startingOffsets: the JSON must be an object {topic: {partition: offset}}")
-    offsets = _flat(data, "startingOffsets")
+        raise ValueError(f"{what}: the JSON must be an object {{topic: {{partition: offset}}}}")
+    offsets = _flat(data, what)
     bad = [f"{t}[{p}]={o}" for (t, p), o in offsets.items() if o < EARLIEST]
     if bad:
-        raise ValueError(f"startingOffsets: offsets must be >= -2, got {', '.join(bad)}")
+        raise ValueError(f"{what}: offsets must be >= -2, got {', '.join(bad)}")
     return offsets
+
+
+def parse_starting_offsets(value: str | None) -> str | dict[Partition, int]:
+    """``startingOffsets`` of a streaming query (default ``latest``)."""
+    return parse_offsets_json(value, "startingOffsets", "latest")
+
+
+def parse_timestamps(value: str, what: str) -> dict[Partition, int]:
+    """JSON ``{topic: {partition: epoch_millis}}`` (``startingOffsetsByTimestamp`` & co.)."""
+    try:
+        data = json.loads(value)
+    except ValueError:
+        raise ValueError(f"{what}: expected JSON {{topic: {{partition: timestamp}}}}, "
+                         f"got {value!r}") from None  # fmt: skip
+    if not isinstance(data, Mapping) or not data:
+        raise ValueError(f"{what}: the JSON must be a non-empty object "
+                         "{topic: {partition: ms}}")  # fmt: skip
+    out = _flat(data, what)
+    bad = [f"{t}[{p}]={ts}" for (t, p), ts in out.items() if ts < 0]
+    if bad:
+        raise ValueError(f"{what}: timestamps must be >= 0 (epoch milliseconds), got {bad}")
+    return out
+
+
+def parse_assign(value: str) -> tuple[Partition, ...]:
+    """``assign``: JSON ``{"topicA": [0, 1], "topicB": [2]}`` as in Spark's Kafka source."""
+    try:
+        data = json.loads(value)
+    except ValueError:
+        raise ValueError(
+            f'assign: expected JSON like {{"topicA": [0, 1]}}, got {value!r}'
+        ) from None
+    if not isinstance(data, Mapping) or not data:
+        raise ValueError('assign: expected a non-empty JSON object like {"topicA": [0, 1]}')
+    out: set[Partition] = set()
+    for topic, parts in data.items():
+        if not isinstance(parts, list) or not parts:
+            raise ValueError(f"assign: topic {topic!r} needs a non-empty list of partitions")
+        for p in parts:
+            if not isinstance(p, int) or isinstance(p, bool) or p < 0:
+                raise ValueError(f"assign: bad partition {p!r} for topic {topic!r}")
+            out.add((str(topic), p))
+    return tuple(sorted(out))
 
 
 def rate_limit(
@@ -185,4 +238,40 @@ def split_ranges(ranges: Iterable[OffsetRange], min_partitions: int | None) -> l
             if end > begin:
                 out.append(OffsetRange(r.topic, r.partition, begin, end))
             begin = end
+    return sorted(out)
+
+
+def pack_tasks(ranges: Iterable[OffsetRange], rows_per_task: int) -> list[list[OffsetRange]]:
+    """Group ranges into Spark tasks of up to ``rows_per_task`` records each.
+
+    Spark charges a Python source per input partition (task launch, worker round trip,
+    Arrow stream), so a small batch over many Kafka partitions is read by one task, not one
+    per partition. A range larger than the budget is its own task (split it beforehand with
+    ``split_ranges``). First-fit decreasing keeps the task count near the minimum.
+    """
+    tasks: list[list[OffsetRange]] = []
+    sizes: list[int] = []
+    for r in sorted((r for r in ranges if r.size > 0), key=lambda r: (-r.size, r)):
+        for i, used in enumerate(sizes):
+            if used + r.size <= rows_per_task:
+                tasks[i].append(r)
+                sizes[i] += r.size
+                break
+        else:
+            tasks.append([r])
+            sizes.append(r.size)
+    return [sorted(t) for t in tasks]
+
+
+def split_by_size(ranges: Iterable[OffsetRange], max_records: int | None) -> list[OffsetRange]:
+    """Split ranges so none holds more than ``max_records`` (Spark's maxRecordsPerPartition)."""
+    out: list[OffsetRange] = []
+    for r in ranges:
+        if not max_records or r.size <= max_records:
+            out.append(r)
+            continue
+        for begin in range(r.from_offset, r.until_offset, max_records):
+            out.append(
+                OffsetRange(r.topic, r.partition, begin, min(begin + max_records, r.until_offset))
+            )
     return sorted(out)

@@ -9,12 +9,19 @@ copy carries only the parsed options and an id.
 
 from __future__ import annotations
 
+import json
+import logging
 import uuid
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
-from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    InputPartition,
+)
 from pyspark.sql.streaming.datasource import (
     ReadAllAvailable,
     ReadLimit,
@@ -22,15 +29,27 @@ from pyspark.sql.streaming.datasource import (
     ReadMinRows,
     SupportsTriggerAvailableNow,
 )
+from pyspark.sql.streaming.listener import StreamingQueryListener
 from pyspark.sql.types import StructType
 
+from spark_integration import progress
 from spark_integration.executor import HEADERS_DDL, KAFKA_SCHEMA_DDL, ReadTask, read_range
+from spark_integration.offsets import OffsetRange, pack_tasks
 from spark_integration.options import SourceOptions
 
 if TYPE_CHECKING:
     from spark_integration.driver import GroupReader
 
-__all__ = ["Kip848DataSource", "Kip848Partition", "Kip848StreamReader"]
+__all__ = [
+    "DurableBatchListener",
+    "Kip848BatchReader",
+    "Kip848DataSource",
+    "Kip848Partition",
+    "Kip848StreamReader",
+    "install_listener",
+]
+
+log = logging.getLogger("spark_integration")
 
 
 class Kip848Partition(InputPartition):  # type: ignore[misc,unused-ignore]
@@ -40,19 +59,42 @@ class Kip848Partition(InputPartition):  # type: ignore[misc,unused-ignore]
         super().__init__(task)
 
 
+def _tasks(options: SourceOptions, ranges: Sequence[OffsetRange]) -> list[Kip848Partition]:
+    """Ranges packed into Spark tasks of up to ``rowsPerTask`` records."""
+    config = options.fetch_config("executor")
+    return [
+        Kip848Partition(
+            ReadTask.make(
+                group,
+                config,
+                include_headers=options.include_headers,
+                fail_on_data_loss=options.fail_on_data_loss,
+                poll_timeout_ms=options.poll_timeout_ms,
+                arrow_batch_size=options.arrow_batch_size,
+            )
+        )
+        for group in pack_tasks(ranges, options.rows_per_task)
+    ]
+
+
 class Kip848DataSource(DataSource):  # type: ignore[misc,unused-ignore]
-    """``spark.readStream.format("kip848")``: a KIP-848 consumer-group member as a source."""
+    """``format("kip848")``: a KIP-848 consumer-group member as a streaming source, and
+    batch reads of offset ranges (``spark.read``)."""
 
     @classmethod
     def name(cls) -> str:
         return "kip848"
 
     def schema(self) -> str:
-        opts = SourceOptions.parse(self.options)
+        opts = SourceOptions.parse({k: v for k, v in self.options.items()
+                                    if not k.lower().startswith("ending")})  # fmt: skip
         return KAFKA_SCHEMA_DDL + (", " + HEADERS_DDL if opts.include_headers else "")
 
     def streamReader(self, schema: StructType) -> Kip848StreamReader:
         return Kip848StreamReader(SourceOptions.parse(self.options))
+
+    def reader(self, schema: StructType) -> Kip848BatchReader:
+        return Kip848BatchReader(SourceOptions.parse(self.options, batch=True))
 
 
 class Kip848StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # type: ignore[misc,unused-ignore]
@@ -71,14 +113,25 @@ class Kip848StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  
         return self._driver().initial_offset()
 
     def getDefaultReadLimit(self) -> ReadLimit:
-        if self.options.max_offsets_per_trigger:
-            return ReadMaxRows(self.options.max_offsets_per_trigger)
+        o = self.options
+        if o.max_offsets_per_trigger:
+            return ReadMaxRows(o.max_offsets_per_trigger)
+        if o.min_offsets_per_trigger:
+            return ReadMinRows(o.min_offsets_per_trigger)
         return ReadAllAvailable()
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+        # Spark passes ReadAllAvailable for Trigger.Once / AvailableNow whatever the default.
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
-        min_rows = limit.min_rows if isinstance(limit, ReadMinRows) else 0
-        return self._driver().latest_offset(start, max_rows=max_rows, min_rows=min_rows)
+        min_rows = 0
+        if isinstance(limit, ReadMinRows):
+            min_rows = limit.min_rows
+        elif isinstance(limit, ReadMaxRows):
+            min_rows = self.options.min_offsets_per_trigger or 0
+        return self._driver().latest_offset(
+            start, max_rows=max_rows, min_rows=min_rows,
+            all_available=isinstance(limit, ReadAllAvailable),
+        )  # fmt: skip
 
     def reportLatestOffset(self) -> dict[str, Any] | None:
         return self._driver().report_latest_offset()
@@ -87,21 +140,7 @@ class Kip848StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  
         self._driver().prepare_for_trigger_available_now()
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
-        o = self.options
-        config = o.fetch_config("executor")
-        return [
-            Kip848Partition(
-                ReadTask.make(
-                    r,
-                    config,
-                    include_headers=o.include_headers,
-                    fail_on_data_loss=o.fail_on_data_loss,
-                    poll_timeout_ms=o.poll_timeout_ms,
-                    arrow_batch_size=o.arrow_batch_size,
-                )
-            )
-            for r in self._driver().plan(start, end)
-        ]
+        return _tasks(self.options, self._driver().plan(start, end))
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         task: ReadTask = partition.value
@@ -114,3 +153,66 @@ class Kip848StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  
         from spark_integration.driver import close_reader
 
         close_reader(self.reader_id)
+
+
+class Kip848BatchReader(DataSourceReader):  # type: ignore[misc,unused-ignore]
+    """``spark.read.format("kip848")``: the records between starting and ending offsets.
+
+    No group membership: the partitions come from ``subscribe`` / ``subscribePattern``
+    (topics existing now) or ``assign``, and the ranges are resolved once when Spark plans
+    the query (on the driver); executors read them like streaming batches.
+    """
+
+    def __init__(self, options: SourceOptions) -> None:
+        self.options = options
+
+    def partitions(self) -> Sequence[InputPartition]:
+        from spark_integration.batch import plan_batch  # driver only: no consumer_sdk on executors
+
+        return _tasks(self.options, plan_batch(self.options)) or [
+            Kip848Partition(ReadTask.make((), {}, include_headers=self.options.include_headers,
+                                          fail_on_data_loss=True,
+                                          poll_timeout_ms=1, arrow_batch_size=1))
+        ]  # fmt: skip
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        task: ReadTask = partition.value
+        return read_range(task)
+
+
+class DurableBatchListener(StreamingQueryListener):  # type: ignore[misc,unused-ignore]
+    """Reports each kip848 batch's end offset, once Spark made it durable, to the process
+    holding the query's group member, which commits it to Kafka
+    (:mod:`spark_integration.progress`)."""
+
+    def onQueryStarted(self, event: Any) -> None:
+        pass
+
+    def onQueryProgress(self, event: Any) -> None:
+        for source in event.progress.sources:
+            end = source.endOffset
+            if not end or "@meta" not in end:
+                continue
+            try:
+                progress.publish(json.loads(end))
+            except (ValueError, OSError) as exc:
+                log.info("kip848: cannot report a durable batch: %s", exc)
+
+    def onQueryIdle(self, event: Any) -> None:
+        pass
+
+    def onQueryTerminated(self, event: Any) -> None:
+        pass
+
+
+_listening: set[int] = set()
+
+
+def install_listener(spark: Any) -> None:
+    """Add the :class:`DurableBatchListener` to a session (once per session)."""
+    key = id(spark.streams)
+    if key in _listening:
+        return
+    spark.streams.addListener(DurableBatchListener())
+    progress.register_listener_pid()
+    _listening.add(key)

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from consumer_sdk import GroupMember as GroupMemberType
 from consumer_sdk.testing import EmbeddedKafka
 from spark_integration.driver import GroupReader
 from spark_integration.offsets import SourceOffset
@@ -338,3 +339,175 @@ def test_available_now_stops_at_the_snapshot_and_min_rows_waits(
         assert len(query.sink) == 40
     finally:
         reader.close()
+
+
+def test_new_topic_matching_the_pattern_starts_at_earliest(embedded_kafka: EmbeddedKafka) -> None:
+    """startingOffsets=latest applies to what exists at start; later topics are read whole."""
+    group = "gr-pattern-g"
+    embedded_kafka.create_topic("grpat-a", partitions=2)
+    produce(embedded_kafka, "grpat-a", 2, 5, "a")
+    reader = GroupReader(SourceOptions.parse(
+        {"kafka.bootstrap.servers": embedded_kafka.bootstrap_servers, "group.id": group,
+         "subscribePattern": "grpat-.*", "startingOffsets": "latest", "joinTimeoutMs": "20000"}
+    ))  # fmt: skip
+    try:
+        query = FakeQuery(reader)
+        assert query.positions() == {0: 5, 1: 5}  # latest for the topic present at start
+        embedded_kafka.create_topic("grpat-b", partitions=2)
+        produce(embedded_kafka, "grpat-b", 2, 7, "b")
+
+        def sees_b() -> bool:
+            query.trigger()
+            return any(t == "grpat-b" for t, _ in reader.owned)
+
+        wait_for(sees_b, 30, "the new topic assigned")
+        query.drain()
+        read_b = sorted(r for r in query.sink if r[0] == "grpat-b")
+        assert read_b == sorted(all_records(embedded_kafka, "grpat-b", 2))  # from offset 0
+        assert not [r for r in query.sink if r[0] == "grpat-a"]
+    finally:
+        reader.close()
+
+
+def test_starting_offsets_by_timestamp_and_strategy(embedded_kafka: EmbeddedKafka) -> None:
+    import time as _time
+
+    import confluent_kafka
+
+    topic = "gr-bytime"
+    embedded_kafka.create_topic(topic, partitions=2)
+    producer = confluent_kafka.Producer({"bootstrap.servers": embedded_kafka.bootstrap_servers})
+    base = int(_time.time() * 1000) - 100_000
+    for p in range(2):
+        for i in range(10):
+            producer.produce(topic, b"v", partition=p, timestamp=base + i * 1000)
+    assert producer.flush(10) == 0
+
+    def initial(**extra: str) -> dict[int, int]:
+        reader = GroupReader(options(embedded_kafka, f"gr-bytime-{len(extra)}-{sorted(extra)}",
+                                     topic, **extra))  # fmt: skip
+        try:
+            start = SourceOffset.from_json(reader.initial_offset())
+            return {p: o for (_, p), o in start.positions.items()}
+        finally:
+            reader.close()
+
+    assert initial(startingTimestamp=str(base + 3000)) == {0: 3, 1: 3}
+    by_ts = json.dumps({topic: {"0": base + 6500}})
+    # Partition 1 is not listed: startingOffsets (earliest here) applies to it.
+    assert initial(startingOffsetsByTimestamp=by_ts) == {0: 7, 1: 0}
+    # startingTimestamp wins over the per-partition map.
+    assert initial(startingOffsetsByTimestamp=by_ts, startingTimestamp=str(base)) == {0: 0, 1: 0}
+    future = str(base + 10_000_000)
+    with pytest.raises(ValueError, match=r"startingTimestamp: no record at or after .*bytime\[0\]"):
+        initial(startingTimestamp=future)
+    assert initial(startingTimestamp=future, startingOffsetsByTimestampStrategy="latest") == {
+        0: 10, 1: 10,
+    }  # fmt: skip
+
+
+def test_min_offsets_per_trigger_waits_for_rows_or_the_delay(
+    embedded_kafka: EmbeddedKafka,
+) -> None:
+    import time as _time
+
+    topic, group = "gr-minrows", "gr-minrows-g"
+    embedded_kafka.create_topic(topic, partitions=2)
+    reader = GroupReader(options(embedded_kafka, group, topic, minOffsetsPerTrigger="50",
+                                 maxTriggerDelay="3s"))  # fmt: skip
+    try:
+        start = reader.initial_offset()
+        produce(embedded_kafka, topic, 2, 10, "a")  # 20 < 50
+        assert json.dumps(reader.latest_offset(start, min_rows=50)) == json.dumps(start)
+        produce(embedded_kafka, topic, 2, 15, "b")  # 50 in all: a batch at once
+        end = reader.latest_offset(start, min_rows=50)
+        assert sum(SourceOffset.from_json(end).positions.values()) == 50
+        produce(embedded_kafka, topic, 2, 5, "c")  # 10 < 50: held back up to 3 s
+        assert json.dumps(reader.latest_offset(end, min_rows=50)) == json.dumps(end)
+        # Trigger.Once / AvailableNow (ReadAllAvailable) ignore the minimum.
+        assert json.dumps(reader.latest_offset(end, min_rows=50, all_available=True)) != (
+            json.dumps(end)
+        )
+        held = _time.monotonic()
+        wait_for(lambda: json.dumps(reader.latest_offset(end, min_rows=50)) != json.dumps(end),
+                 20, "maxTriggerDelay releasing the small batch")  # fmt: skip
+        assert _time.monotonic() - held >= 1.0
+    finally:
+        reader.close()
+
+
+def test_unreachable_broker_or_missing_topic_fail_at_start(embedded_kafka: EmbeddedKafka) -> None:
+    import socket
+    import time as _time
+
+    from spark_integration.offsets import SourceStartupError
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"127.0.0.1:{s.getsockname()[1]}"  # nothing listens there once closed
+    reader = GroupReader(SourceOptions.parse(
+        {"kafka.bootstrap.servers": dead, "group.id": "g", "subscribe": "t",
+         "joinTimeoutMs": "2000"}
+    ))  # fmt: skip
+    began = _time.monotonic()
+    try:
+        with pytest.raises(SourceStartupError,
+                           match=rf"no Kafka broker answered at kafka.bootstrap.servers={dead} "
+                                 r"within 2000 ms \(joinTimeoutMs\)"):  # fmt: skip
+            reader.initial_offset()
+        assert _time.monotonic() - began < 15
+    finally:
+        reader.close()
+    embedded_kafka.create_topic("gr-exists", partitions=1)
+    reader = GroupReader(options(embedded_kafka, "gr-missing-g", "gr-exists,gr-nope",
+                                 joinTimeoutMs="1500"))  # fmt: skip
+    try:
+        with pytest.raises(SourceStartupError,
+                           match=r"subscribed topic\(s\) \['gr-nope'\] do not exist"):  # fmt: skip
+            reader.initial_offset()
+        assert reader.member is None  # never joined the group
+    finally:
+        reader.close()
+
+
+def test_assign_reads_fixed_partitions_and_commits_without_membership(
+    embedded_kafka: EmbeddedKafka,
+) -> None:
+    topic, group = "gr-assign", "gr-assign-g"
+    embedded_kafka.create_topic(topic, partitions=3)
+    produce(embedded_kafka, topic, 3, 10, "a")
+    opts = SourceOptions.parse(
+        {"kafka.bootstrap.servers": embedded_kafka.bootstrap_servers, "group.id": group,
+         "assign": json.dumps({topic: [0, 2]}), "startingOffsets": "earliest"}
+    )  # fmt: skip
+    reader = GroupReader(opts)
+    try:
+        query = FakeQuery(reader)
+        query.drain()
+        assert {p for _, p, _ in query.sink} == {0, 2} and len(query.sink) == 20
+        assert committed(embedded_kafka, group, topic, 3) == {0: 10, 2: 10}
+        assert reader.member is not None and not isinstance(reader.member, GroupMemberType)
+    finally:
+        reader.close()
+
+
+def test_a_batch_reported_durable_is_committed_at_once(embedded_kafka: EmbeddedKafka) -> None:
+    """The progress listener's report (Trigger.Once has no later Spark call) commits."""
+    from spark_integration import progress
+
+    topic, group = "gr-durable", "gr-durable-g"
+    embedded_kafka.create_topic(topic, partitions=2)
+    produce(embedded_kafka, topic, 2, 10, "a")
+    reader = GroupReader(options(embedded_kafka, group, topic))
+    try:
+        start = reader.initial_offset()
+        end = reader.latest_offset(start)
+        member_id = reader.member.member_id
+        assert committed(embedded_kafka, group, topic, 2) == {0: 0, 1: 0}
+        assert not reader.durable({"other": {"0": 1}, "@meta": {"member": "x"}})
+        assert progress.publish(json.dumps(end)) == reader.member.member_id
+        wait_for(lambda: committed(embedded_kafka, group, topic, 2) == {0: 10, 1: 10}, 10,
+                 "the watcher committing the reported batch")  # fmt: skip
+    finally:
+        reader.close()
+    assert progress.read(member_id) is None  # the report is removed when the member leaves

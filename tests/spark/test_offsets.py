@@ -100,11 +100,21 @@ def test_options_parse_and_split_configs() -> None:
         ({"kafka.auto.offset.reset": "earliest"}, "startingOffsets"),
         ({"kafka.enable.auto.commit": "true"}, "commits offsets itself"),
         ({"subscribePattern": "x"}, "exactly one of subscribe"),
-        ({"assign": '{"t": [0]}'}, "assign: not supported"),
+        ({"assign": '{"t": [0]}'}, "exactly one of subscribe"),
+        ({"subscribe": None, "assign": '{"t": 0}'}, "assign: topic 't' needs a non-empty"),
         ({"kafka.group.id": "other"}, "disagree"),
-        ({"maxOffsetsPerTrigger": "0"}, "maxoffsetspertrigger: must be >= 1"),
-        ({"failOnDataLoss": "maybe"}, "failondataloss"),
+        ({"maxOffsetsPerTrigger": "0"}, "maxOffsetsPerTrigger: must be >= 1"),
+        ({"failOnDataLoss": "maybe"}, "failOnDataLoss: expected true or false"),
         ({"subscribePattern": None, "subscribe": " , "}, "comma-separated"),
+        ({"endingOffsets": "latest"}, "endingOffsets: only for batch queries"),
+        ({"endingTimestamp": "5"}, "endingTimestamp: only for batch queries"),
+        ({"topic": "x"}, "topic: not supported: a sink option"),
+        ({"groupIdPrefix": "p"}, "groupIdPrefix: not supported with subscribe"),
+        ({"startingOffsetsByTimestampStrategy": "oldest"}, "error or latest"),
+        ({"startingOffsetsByTimestamp": '{"t": {"0": -5}}'}, "timestamps must be >= 0"),
+        ({"maxTriggerDelay": "soon"}, "maxTriggerDelay: expected a duration"),
+        ({"minOffsetsPerTrigger": "50", "maxOffsetsPerTrigger": "10"}, "must be <="),
+        ({"startingOfsets": "earliest"}, r"unknown option\(s\) \['startingofsets'\]"),
     ],
 )
 def test_bad_options_are_rejected_with_the_option_name(extra: dict[str, str | None],
@@ -119,3 +129,132 @@ def test_missing_required_options() -> None:
         SourceOptions.parse({"group.id": "g", "subscribe": "t"})
     with pytest.raises(ValueError, match=r"group\.id: required"):
         SourceOptions.parse({"kafka.bootstrap.servers": "h:1", "subscribe": "t"})
+
+
+def _without_prefix(opts: SourceOptions) -> SourceOptions:
+    import dataclasses
+
+    return dataclasses.replace(opts, client_group_prefix="")
+
+
+#: A valid non-default value for each option the source implements.
+SAMPLES: dict[str, str] = {
+    "assign": '{"t": [0, 1]}',
+    "subscribe": "t2",
+    "subscribePattern": "t.*",
+    "kafka.bootstrap.servers": "127.0.0.1:9093",
+    "startingTimestamp": "1000",
+    "startingOffsetsByTimestamp": '{"t": {"0": 1000}}',
+    "startingOffsetsByTimestampStrategy": "latest",
+    "startingOffsets": '{"t": {"0": 3}}',
+    "endingTimestamp": "2000",
+    "endingOffsetsByTimestamp": '{"t": {"0": 2000}}',
+    "endingOffsets": '{"t": {"0": 5}}',
+    "failOnDataLoss": "false",
+    "kafkaConsumer.pollTimeoutMs": "5000",
+    "fetchOffset.numRetries": "7",
+    "fetchOffset.retryIntervalMs": "50",
+    "maxOffsetsPerTrigger": "100",
+    "minOffsetsPerTrigger": "10",
+    "maxTriggerDelay": "30s",
+    "minPartitions": "4",
+    "maxRecordsPerPartition": "1000",
+    "groupIdPrefix": "etl",
+    "kafka.group.id": "g",
+    "includeHeaders": "true",
+    "group.id": "g2",
+    "joinTimeoutMs": "1000",
+    "rowsPerTask": "100",
+    "arrowBatchSize": "100",
+    "eventLog": "/tmp/events.jsonl",
+    "closeCommitWaitMs": "0",
+}
+
+
+def test_every_option_is_implemented_or_rejected() -> None:
+    """Each documented option either changes the parsed options or is refused by name;
+    every option of Spark's Kafka source is listed, and docs/spark.md shows its status."""
+    from pathlib import Path
+
+    from spark_integration.options import KIP848_OPTIONS, SPARK_KAFKA_OPTIONS
+
+    spark_names = {o.name for o in SPARK_KAFKA_OPTIONS}
+    # Spark 4.x structured-streaming-kafka-integration.md, source options.
+    assert spark_names >= {
+        "assign", "subscribe", "subscribePattern", "kafka.bootstrap.servers",
+        "startingTimestamp", "startingOffsetsByTimestamp", "startingOffsets",
+        "endingTimestamp", "endingOffsetsByTimestamp", "endingOffsets", "failOnDataLoss",
+        "kafkaConsumer.pollTimeoutMs", "fetchOffset.numRetries", "fetchOffset.retryIntervalMs",
+        "maxOffsetsPerTrigger", "minOffsetsPerTrigger", "maxTriggerDelay", "minPartitions",
+        "maxRecordsPerPartition", "groupIdPrefix", "kafka.group.id", "includeHeaders",
+        "startingOffsetsByTimestampStrategy",
+    }  # fmt: skip
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "spark.md").read_text()
+    for info in SPARK_KAFKA_OPTIONS + KIP848_OPTIONS:
+        assert f"| `{info.name}`" in docs, f"docs/spark.md lacks a row for {info.name}"
+        if info.status == "rejected":
+            with pytest.raises(ValueError, match=f"^{info.name}: not supported"):
+                SourceOptions.parse({**BASE, info.name: "x"})
+            continue
+        batch = info.status == "batch"
+        modes = [True] if batch else [False] if info.status == "streaming" else [False, True]
+        for is_batch in modes:
+            base = dict(BASE)
+            if info.name in ("assign", "subscribe", "subscribePattern"):
+                base.pop("subscribe")
+                opts = SourceOptions.parse({**base, info.name: SAMPLES[info.name]}, is_batch)
+                assert (opts.assign, opts.topics, opts.pattern) == {
+                    "assign": ((("t", 0), ("t", 1)), (), None),
+                    "subscribe": ((), ("t2",), None),
+                    "subscribePattern": ((), (), "^t.*"),
+                }[info.name]
+                continue
+            if info.name in ("kafka.group.id", "group.id"):
+                base.pop("group.id")
+                opts = SourceOptions.parse({**base, info.name: "g9"}, is_batch)
+                assert opts.group_id == "g9" and opts.client_group_prefix == "g9"
+                continue
+            if info.name == "groupIdPrefix":
+                base = {"kafka.bootstrap.servers": "h:1", "assign": SAMPLES["assign"]}
+                opts = SourceOptions.parse({**base, info.name: "etl"}, batch=is_batch)
+                assert opts.client_group_prefix.startswith("etl-")
+                continue
+            default = _without_prefix(SourceOptions.parse(base, batch=is_batch))
+            changed = _without_prefix(
+                SourceOptions.parse({**base, info.name: SAMPLES[info.name]}, batch=is_batch)
+            )
+            assert changed != default, f"{info.name} is accepted but changes nothing"
+
+
+def test_batch_and_assign_options() -> None:
+    opts = SourceOptions.parse(
+        {"kafka.bootstrap.servers": "h:1", "assign": '{"a": [1, 0], "b": [2]}',
+         "startingOffsetsByTimestamp": '{"a": {"0": 10}}', "endingOffsets": '{"a": {"0": 7}}'},
+        batch=True,
+    )  # fmt: skip
+    assert opts.assign == (("a", 0), ("a", 1), ("b", 2)) and not opts.membership
+    assert opts.starting_offsets == "earliest" and opts.group_id is None
+    assert opts.starting_by_timestamp == {("a", 0): 10} and opts.ending_offsets == {("a", 0): 7}
+    assert opts.fetch_config("executor")["group.id"].startswith("spark-kip848-")
+    with pytest.raises(ValueError, match=r"'latest' .* not valid in a batch"):
+        SourceOptions.parse({**BASE, "startingOffsets": "latest"}, batch=True)
+    with pytest.raises(ValueError, match=r"'earliest' .* not valid in a batch"):
+        SourceOptions.parse({**BASE, "endingOffsets": '{"t": {"0": -2}}'}, batch=True)
+    with pytest.raises(ValueError, match="only for streaming"):
+        SourceOptions.parse({**BASE, "maxOffsetsPerTrigger": "5"}, batch=True)
+    streaming = SourceOptions.parse({**BASE, "minOffsetsPerTrigger": "5", "maxTriggerDelay": "2m"})
+    assert (streaming.min_offsets_per_trigger, streaming.max_trigger_delay_ms) == (5, 120_000)
+
+
+def test_pack_tasks_and_split_by_size() -> None:
+    from spark_integration.offsets import pack_tasks, split_by_size
+
+    small = [OffsetRange("t", p, 0, 80 + p) for p in range(12)]
+    assert [len(t) for t in pack_tasks(small, 50_000)] == [12]
+    big = [OffsetRange("t", p, 0, 40_000) for p in range(4)]
+    assert [len(t) for t in pack_tasks(big, 50_000)] == [1, 1, 1, 1]
+    mixed = pack_tasks(small + big, 50_000)
+    assert sorted(r for t in mixed for r in t) == sorted(small + big)
+    assert all(sum(r.size for r in t) <= 50_000 for t in mixed) and len(mixed) == 4
+    parts = split_by_size([OffsetRange("t", 0, 5, 30)], 10)
+    assert [(r.from_offset, r.until_offset) for r in parts] == [(5, 15), (15, 25), (25, 30)]

@@ -94,7 +94,7 @@ def test_schema_is_the_kafka_source_schema(spark: Any, embedded_kafka: EmbeddedK
     )
     for include, df in ((False, plain), (True, with_headers)):
         assert arrow_schema(include).equals(to_arrow_schema(df.schema, timezone="UTC"))
-    with pytest.raises(Exception, match="exactly one of subscribe or subscribePattern"):
+    with pytest.raises(Exception, match="exactly one of subscribe, subscribePattern or assign"):
         (spark.readStream.format("kip848").option("kafka.bootstrap.servers", "127.0.0.1:1")
          .option("group.id", "g").load())  # fmt: skip
 
