@@ -130,7 +130,10 @@ class _AssignedPartitions:
     def poll(self, timeout: float = 0.0) -> None:
         if not self._assigned:
             self._assigned = True
-            self._callbacks["on_assign"](self, _tps(self.options.assign))
+            try:
+                self._callbacks["on_assign"](self, _tps(self.options.assign))
+            except Exception as exc:
+                raise KafkaException(KafkaError(KafkaError._APPLICATION, str(exc))) from exc
 
     def committed(self, tps: list[TopicPartition], timeout: float = 10.0) -> list[TopicPartition]:
         if self._client is None:
@@ -180,6 +183,7 @@ class GroupReader:
         self._restarted = False
         self._gone: set[Partition] = set()  # deleted, reported (failOnDataLoss=false)
         self._last_trigger = time.monotonic()  # maxTriggerDelay counts from the start
+        self._callback_error: Exception | None = None
         self._closed = False
         self._joined = False
         self._watcher: threading.Thread | None = None
@@ -294,12 +298,22 @@ class GroupReader:
         try:
             member.poll(timeout)
         except KafkaException as exc:
+            failure, self._callback_error = self._callback_error, None
+            if failure is not None:  # ours, e.g. a timestamp with no record: the query fails
+                raise failure from None
             error = exc.args[0]
             if error.fatal():
                 raise
             log.warning("kip848: group %s: %s", self.options.group_id, error.str())
 
     def _on_assign(self, member: Any, tps: list[TopicPartition]) -> None:
+        try:
+            self._assign(member, tps)
+        except Exception as exc:
+            self._callback_error = exc
+            raise
+
+    def _assign(self, member: Any, tps: list[TopicPartition]) -> None:
         parts = _parts(tps)
         if not parts:
             return

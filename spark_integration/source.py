@@ -86,8 +86,19 @@ class Kip848DataSource(DataSource):  # type: ignore[misc,unused-ignore]
         return "kip848"
 
     def schema(self) -> str:
-        opts = SourceOptions.parse({k: v for k, v in self.options.items()
-                                    if not k.lower().startswith("ending")})  # fmt: skip
+        # load() does not say whether a stream or a batch follows: options valid for
+        # neither fail here; the mode's own checks run when the reader is created.
+        try:
+            opts = SourceOptions.parse(self.options)
+        except ValueError as streaming_error:
+            try:
+                opts = SourceOptions.parse(self.options, batch=True)
+            except ValueError as batch_error:
+                if str(batch_error) == str(streaming_error):
+                    raise
+                raise ValueError(
+                    f"{streaming_error} (as a streaming query); {batch_error} (as a batch query)"
+                ) from None
         return KAFKA_SCHEMA_DDL + (", " + HEADERS_DDL if opts.include_headers else "")
 
     def streamReader(self, schema: StructType) -> Kip848StreamReader:

@@ -59,3 +59,26 @@ def test_read_range_yields_kafka_rows_and_reuses_its_consumer(
     finally:
         close_cached_consumers()
     assert cached_consumers() == 0
+
+
+def test_one_task_reads_several_ranges(embedded_kafka: EmbeddedKafka) -> None:
+    from spark_integration.executor import ReadTask, close_cached_consumers, read_range
+
+    topic = "ex-multi"
+    embedded_kafka.create_topic(topic, partitions=3)
+    for p in range(3):
+        embedded_kafka.produce(topic, [f"v{p}-{i}".encode() for i in range(20)], partition=p)
+    opts = SourceOptions.parse({"kafka.bootstrap.servers": embedded_kafka.bootstrap_servers,
+                                "group.id": "ex-multi-g", "subscribe": topic})  # fmt: skip
+    ranges = [OffsetRange(topic, 0, 0, 20), OffsetRange(topic, 1, 5, 10),
+              OffsetRange(topic, 2, 19, 20)]  # fmt: skip
+    task = ReadTask.make(ranges, opts.fetch_config("executor"), include_headers=False,
+                         fail_on_data_loss=True, poll_timeout_ms=10_000,
+                         arrow_batch_size=1000)  # fmt: skip
+    try:
+        table = pa.Table.from_batches(list(read_range(task)))
+    finally:
+        close_cached_consumers()
+    got = list(zip(table.column("partition").to_pylist(), table.column("offset").to_pylist(),
+                   strict=True))  # fmt: skip
+    assert got == [(0, o) for o in range(20)] + [(1, o) for o in range(5, 10)] + [(2, 19)]
