@@ -14,9 +14,11 @@ Against one EmbeddedKafka broker (4 partitions, 100-byte values), in one run:
 * **source**: a ``Trigger.AvailableNow`` query with a ``noop`` sink reads the same offsets
   in one micro-batch (4 tasks), after a warm-up query (Python workers started). Rows/s are
   computed from the batch's ``triggerExecution`` time, and from the whole query's wall time.
-* **micro-batch overhead**: another topic read in batches of 1000 rows (maxOffsetsPerTrigger); the
-  mean trigger time, its ``latestOffset`` part (the group member's poll, a commit and the
-  watermark lookups) and the time per trigger beyond reading the rows at the one-batch rate.
+* **micro-batch overhead**: a 12-partition topic read in batches of 1000 rows
+  (maxOffsetsPerTrigger); the mean trigger time, its ``latestOffset`` part (the group
+  member's poll, a commit and the watermark lookups), against a **no-op Python streaming
+  source** planned as ONE input partition that yields 1000 prepared rows per trigger, on
+  the same session and sink: Spark's own floor for a Python source.
 
 Absolute numbers on shared machines are noise; the ratios within one run are the figures.
 """
@@ -32,7 +34,70 @@ from pathlib import Path
 from typing import Any
 
 PARTITIONS = 4
+SMALL_PARTITIONS = 12
 VALUE = b"x" * 100
+
+
+def _noop_source() -> Any:
+    """A Python streaming source with no I/O: 1000 prepared rows per trigger, one task."""
+    from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+    from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
+
+    from spark_integration import kafka_schema
+
+    class NoopReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # type: ignore[misc]
+        def __init__(self, rows: int, batches: int) -> None:
+            self.rows, self.batches, self.target = rows, batches, rows * batches
+
+        def initialOffset(self) -> dict[str, int]:
+            return {"n": 0}
+
+        def prepareForTriggerAvailableNow(self) -> None:
+            self.target = self.rows * self.batches
+
+        def latestOffset(self, start: dict[str, int], limit: Any) -> dict[str, int]:
+            return {"n": min(start["n"] + self.rows, self.target)}
+
+        def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[Any]:
+            return [InputPartition((start["n"], end["n"]))]
+
+        def read(self, partition: Any) -> Any:
+            import pyarrow as pa
+
+            from spark_integration.executor import arrow_schema
+
+            lo, hi = partition.value
+            n = hi - lo
+            schema = arrow_schema(False)
+            yield pa.RecordBatch.from_arrays([
+                pa.array([b"k"] * n, pa.binary()), pa.array([VALUE] * n, pa.binary()),
+                pa.array(["noop"] * n, pa.string()), pa.array([0] * n, pa.int32()),
+                pa.array(range(lo, hi), pa.int64()),
+                pa.array([0] * n, pa.timestamp("us", tz="UTC")), pa.array([0] * n, pa.int32()),
+            ], schema=schema)  # fmt: skip
+
+    class NoopSource(DataSource):  # type: ignore[misc]
+        @classmethod
+        def name(cls) -> str:
+            return "noop1"
+
+        def schema(self) -> str:
+            return kafka_schema()
+
+        def streamReader(self, schema: Any) -> NoopReader:
+            return NoopReader(int(self.options["rows"]), int(self.options["batches"]))
+
+    return NoopSource
+
+
+def _noop_query(spark: Any, rows: int, batches: int, workdir: Path) -> list[dict[str, Any]]:
+    query = (
+        spark.readStream.format("noop1").option("rows", rows).option("batches", batches).load()
+        .writeStream.format("noop").option("checkpointLocation", str(workdir / "noop1"))
+        .trigger(availableNow=True).start()
+    )  # fmt: skip
+    query.awaitTermination(600)
+    return [p for p in query.recentProgress if p["numInputRows"]]
 
 
 def _spark() -> Any:
@@ -41,7 +106,7 @@ def _spark() -> Any:
     return local_session("bench-spark-source", "local[4]")
 
 
-def _produce(bootstrap: str, topic: str, records: int) -> None:
+def _produce(bootstrap: str, topic: str, records: int, partitions: int = PARTITIONS) -> None:
     from confluent_kafka import Producer
 
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20,
@@ -49,7 +114,7 @@ def _produce(bootstrap: str, topic: str, records: int) -> None:
     for i in range(records):
         while True:
             try:
-                producer.produce(topic, VALUE, key=str(i).encode(), partition=i % PARTITIONS)
+                producer.produce(topic, VALUE, key=str(i).encode(), partition=i % partitions)
                 break
             except BufferError:
                 producer.poll(0.05)
@@ -135,6 +200,8 @@ def run(quick: bool = False) -> dict[str, Any]:
     records = 60_000 if quick else 160_000
     small = 1_000
     spark = _spark()
+    spark.dataSource.register(_noop_source())
+    small_batches = 10 if quick else 30
     out: dict[str, Any] = {}
     try:
         with EmbeddedKafka(brokers=1) as kafka, tempfile.TemporaryDirectory() as tmp:
@@ -142,11 +209,11 @@ def run(quick: bool = False) -> dict[str, Any]:
             bootstrap = kafka.bootstrap_servers
             kafka.create_topic("bench-warm", partitions=PARTITIONS)
             kafka.create_topic("bench", partitions=PARTITIONS)
-            kafka.create_topic("bench-small", partitions=PARTITIONS)
+            kafka.create_topic("bench-small", partitions=SMALL_PARTITIONS)
             _step(f"producing {records} records")
             _produce(bootstrap, "bench-warm", 4_000)
             _produce(bootstrap, "bench", records)
-            _produce(bootstrap, "bench-small", small * (10 if quick else 30))
+            _produce(bootstrap, "bench-small", small * small_batches, SMALL_PARTITIONS)
             _step("warm-up query")
             cold_wall, _ = _query(spark, bootstrap, "bench-warm", "bench-warm", None, workdir)
             _step("direct read")
@@ -164,6 +231,10 @@ def run(quick: bool = False) -> dict[str, Any]:
             triggers = [p["durationMs"]["triggerExecution"] for p in small_progress]
             latest = [p["durationMs"].get("latestOffset", 0) for p in small_progress]
             per_row_ms = one_ms / records
+            _step("no-op source, one input partition")
+            _noop_query(spark, small, 3, workdir)  # warm-up
+            noop = [p["durationMs"]["triggerExecution"]
+                    for p in _noop_query(spark, small, small_batches, workdir / "n2")]  # fmt: skip
     finally:
         spark.stop()
     direct_rate = records / direct_s
@@ -177,8 +248,15 @@ def run(quick: bool = False) -> dict[str, Any]:
     out["ratio source / direct (trigger time)"] = round(source_rate / direct_rate, 2)
     out["ratio source / direct (query wall time)"] = round(source_wall_rate / direct_rate, 2)
     out["addBatch share of the one-batch trigger"] = round(read_ms / one_ms, 2)
-    out[f"micro-batches of {small} rows: count"] = len(triggers)
+    out[f"micro-batches of {small} rows from {SMALL_PARTITIONS} partitions: count"] = len(triggers)
     out[f"micro-batches of {small} rows: mean trigger ms"] = round(statistics.mean(triggers), 1)
+    out[f"micro-batches of {small} rows: median trigger ms"] = round(statistics.median(triggers), 1)
+    out["no-op Python source, one input partition: median trigger ms"] = round(
+        statistics.median(noop), 1
+    )
+    out["ratio kip848 / no-op source, median small-batch trigger"] = round(
+        statistics.median(triggers) / statistics.median(noop), 2
+    )
     out["mean latestOffset ms (member poll + commit + watermarks)"] = round(
         statistics.mean(latest), 1
     )

@@ -8,7 +8,8 @@
             .option("subscribe", "orders").load())
 
 * ``run_group_members(spark, config, topics, process_batch, members=N)`` runs N
-  ``consumer_sdk.Consumer`` members as a Spark barrier stage.
+  ``consumer_sdk.Consumer`` members as long-running Spark tasks, each restarted with
+  backoff when it dies.
 
 See docs/spark.md.
 """
@@ -88,7 +89,7 @@ def kafka_schema(include_headers: bool = False) -> str:
 
 
 def run_group_members(*args: Any, **kwargs: Any) -> GroupMembersJob:
-    """Run N long-lived ``consumer_sdk.Consumer`` group members as Spark barrier tasks.
+    """Run N long-lived ``consumer_sdk.Consumer`` group members as supervised Spark tasks.
 
     See `spark_integration.members.run_group_members`.
     """

@@ -1,23 +1,31 @@
 """Executor members: N long-lived ``consumer_sdk.Consumer`` group members as Spark tasks.
 
-`run_group_members` starts a barrier stage of N tasks (all scheduled together, or
-none). Each task is one member of the group: it consumes, hands records to
+`run_group_members` runs each member as its own single-task Spark job, supervised by
+a driver thread. Each task is one member of the group: it consumes, hands records to
 ``process_batch`` as a ``pyarrow.RecordBatch`` in the Kafka source schema, and commits
 what was processed. ``on_revoke`` processes what is buffered and commits synchronously
 before the partitions are released, so the next owner starts exactly after this
-member's work; only ``on_lost`` (fencing, session expiry) can make another member repeat
-records. Delivery is at-least-once: make ``process_batch`` idempotent.
+member's work; only ``on_lost`` (fencing, session expiry) or a member's death can make
+another member repeat records. Delivery is at-least-once: make ``process_batch``
+idempotent.
+
+A member whose task dies (its Python worker killed, an executor lost, ``process_batch``
+raising) is restarted by its supervisor with exponential backoff while the other members
+keep their partitions and go on; the job ends only when the user stops it (or at
+``stop_after_s`` / ``max_records``).
 
 Control channel: a directory (``control_dir``; a temporary one on the driver by
 default, which is only visible to executors in local mode: on a cluster pass a path on a
 shared filesystem). Members stop when the file ``STOP`` appears in it
 (`GroupMembersJob.stop`), after ``stop_after_s`` seconds, or once the members
 together processed ``max_records`` records; each member writes ``member-<i>.json``
-(progress) and ``member-<i>.events.jsonl`` (its callbacks, batches and commits) there.
+(progress, cumulative over restarts) and ``member-<i>.events.jsonl`` (its callbacks,
+batches and commits) there.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -55,6 +63,7 @@ class MemberReport:
     revocations: int = 0
     lost: int = 0
     stopped_by: str = ""
+    restarts: int = 0
 
 
 def free_task_slots(spark: Any) -> int:
@@ -76,32 +85,68 @@ def free_task_slots(spark: Any) -> int:
 
 
 class GroupMembersJob:
-    """Handle of a running `run_group_members` stage."""
+    """Handle of running `run_group_members` members (one supervised job each)."""
 
-    def __init__(self, spark: Any, control_dir: Path, members: int, job_group: str) -> None:
+    def __init__(
+        self,
+        spark: Any,
+        control_dir: Path,
+        members: int,
+        job_group: str,
+        backoff_s: tuple[float, float] = (1.0, 30.0),
+        max_restarts: int | None = None,
+    ) -> None:
         self.control_dir = control_dir
         self.members = members
         self.job_group = job_group
         self._spark = spark
-        self._done = threading.Event()
-        self._reports: list[MemberReport] = []
-        self._error: BaseException | None = None
-        self._thread: threading.Thread | None = None
+        self._backoff = backoff_s
+        self._max_restarts = max_restarts
+        self._stopping = threading.Event()
+        self._reports: dict[int, MemberReport] = {}
+        self._restarts: dict[int, int] = dict.fromkeys(range(members), 0)
+        self._errors: dict[int, BaseException] = {}
+        self._threads: list[threading.Thread] = []
 
     @property
     def stop_file(self) -> Path:
         return self.control_dir / STOP_FILE
 
-    def _run(self, job: Callable[[], list[str]]) -> None:
-        try:
-            self._spark.sparkContext.setJobGroup(
-                self.job_group, f"kip848 group members ({self.members})", True
-            )
-            self._reports = [MemberReport(**json.loads(r)) for r in job()]
-        except BaseException as exc:  # re-raised by wait()
-            self._error = exc
-        finally:
-            self._done.set()
+    @property
+    def restarts(self) -> dict[int, int]:
+        """How many times each member was restarted after its task died."""
+        return dict(self._restarts)
+
+    def _supervise(self, index: int, job: Callable[[int], list[str]]) -> None:
+        """Run member ``index`` until it stops by itself; restart it when its task dies."""
+        failures = 0
+        while True:
+            began = time.monotonic()
+            try:
+                self._spark.sparkContext.setJobGroup(
+                    f"{self.job_group}-{index}", f"kip848 group member {index}", True
+                )
+                (report,) = job(index)
+                self._reports[index] = MemberReport(**json.loads(report))
+                return
+            except BaseException as exc:
+                if self.stop_file.exists():
+                    return  # stopped while it was failing: nothing to restart
+                if self._stopping.is_set():  # cancelled
+                    self._errors.setdefault(index, exc)
+                    return
+                if self._max_restarts is not None and self._restarts[index] >= self._max_restarts:
+                    self._errors[index] = exc
+                    return
+                failures = 1 if time.monotonic() - began > self._backoff[1] else failures + 1
+                delay = min(self._backoff[0] * 2 ** (failures - 1), self._backoff[1])
+                self._restarts[index] += 1
+                log.warning(
+                    "kip848: group member %d died (%s); restarting it in %.1f s (restart %d)",
+                    index, str(exc).splitlines()[0][:300], delay, self._restarts[index],
+                )  # fmt: skip
+                if self._stopping.wait(delay):
+                    return
 
     def stop(self, timeout: float | None = 60.0) -> list[MemberReport]:
         """Ask every member to flush, commit and leave the group; wait for them."""
@@ -109,19 +154,28 @@ class GroupMembersJob:
         return self.wait(timeout)
 
     def cancel(self) -> None:
-        """Cancel the Spark job (members are killed: no final commit, no clean leave)."""
-        self._spark.sparkContext.cancelJobGroup(self.job_group)
+        """Cancel the Spark jobs (members are killed: no final commit, no clean leave)."""
+        self._stopping.set()
+        for index in range(self.members):
+            self._spark.sparkContext.cancelJobGroup(f"{self.job_group}-{index}")
 
     def running(self) -> bool:
-        return not self._done.is_set()
+        return any(t.is_alive() for t in self._threads)
 
     def wait(self, timeout: float | None = None) -> list[MemberReport]:
-        """The members' reports once all stopped; raises the job's error, or TimeoutError."""
-        if not self._done.wait(timeout):
-            raise TimeoutError(f"group members still running after {timeout}s")
-        if self._error is not None:
-            raise self._error
-        return sorted(self._reports, key=lambda r: r.index)
+        """The members' reports once all stopped; raises a member's error, or TimeoutError."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for thread in self._threads:
+            thread.join(None if deadline is None else max(deadline - time.monotonic(), 0))
+            if thread.is_alive():
+                raise TimeoutError(f"group members still running after {timeout}s")
+        self._stopping.set()
+        if self._errors:
+            raise next(iter(self._errors.values()))
+        reports = sorted(self._reports.values(), key=lambda r: r.index)
+        for r in reports:
+            r.restarts = self._restarts[r.index]
+        return reports
 
     def progress(self) -> dict[int, dict[str, Any]]:
         """Each member's last progress file (``member-<i>.json``)."""
@@ -140,7 +194,8 @@ class GroupMembersJob:
         for path in self.control_dir.glob("member-*.events.jsonl"):
             for line in path.read_text().splitlines():
                 if line.strip():
-                    out.append(json.loads(line))
+                    with contextlib.suppress(ValueError):  # a line cut by a kill
+                        out.append(json.loads(line))
         return sorted(out, key=lambda e: (e["t"], e.get("seq", 0)))
 
 
@@ -157,14 +212,18 @@ def run_group_members(
     batch_size: int = 1000,
     batch_timeout_s: float = 0.5,
     include_headers: bool = False,
+    restart_backoff_s: tuple[float, float] = (1.0, 30.0),
+    max_restarts: int | None = None,
 ) -> GroupMembersJob:
-    """Start ``members`` group members as a Spark barrier stage; return its handle.
+    """Start ``members`` supervised group members, each a long-running Spark task.
 
     ``config`` is a ``consumer_sdk.Consumer`` config (``bootstrap.servers``, ``group.id``,
     ...; ``enable.auto.commit`` is forced off). ``process_batch(batch)`` runs in the
     executor for up to ``batch_size`` records, or what arrived within
-    ``batch_timeout_s``; its records are committed once it returns. Refuses to start
-    when ``members`` exceeds the free task slots (a barrier stage would wait forever).
+    ``batch_timeout_s``; its records are committed once it returns. A member whose task
+    dies is restarted after ``restart_backoff_s`` (initial, maximum; doubling), without
+    limit unless ``max_restarts`` is set. Refuses to start when ``members`` exceeds the
+    free task slots (a member would wait for a slot forever).
     """
     if members < 1:
         raise ValueError(f"members must be >= 1, got {members}")
@@ -177,8 +236,8 @@ def run_group_members(
     if members > slots:
         raise ValueError(
             f"members={members} exceeds the {slots} free task slot(s) of this Spark "
-            "application: a barrier stage needs all its tasks running at once and would wait "
-            "forever. Use fewer members, or more executor cores (local[N], "
+            "application: every member is a task that runs until stopped, so the others "
+            "would wait forever. Use fewer members, or more executor cores (local[N], "
             "spark.executor.cores x spark.executor.instances)"
         )
     if control_dir is None:
@@ -186,6 +245,8 @@ def run_group_members(
     cdir = Path(control_dir)
     cdir.mkdir(parents=True, exist_ok=True)
     (cdir / STOP_FILE).unlink(missing_ok=True)
+    for stale in cdir.glob("member-*.json"):
+        stale.unlink(missing_ok=True)
     settings = _Settings(
         config=dict(config),
         topics=list(topics),
@@ -196,21 +257,24 @@ def run_group_members(
         batch_timeout_s=batch_timeout_s,
         include_headers=include_headers,
     )
-    job = GroupMembersJob(spark, cdir, members, f"kip848-members-{uuid.uuid4().hex[:8]}")
+    job = GroupMembersJob(spark, cdir, members, f"kip848-members-{uuid.uuid4().hex[:8]}",
+                          restart_backoff_s, max_restarts)  # fmt: skip
 
-    def task(_: Iterator[Any]) -> Iterator[str]:
-        from pyspark import BarrierTaskContext
+    def task(indexes: Iterator[int]) -> Iterator[str]:
+        for index in indexes:
+            report = _MemberLoop(index, settings, process_batch).run()
+            yield json.dumps(asdict(report))
 
-        ctx = BarrierTaskContext.get()
-        ctx.barrier()  # start together
-        report = _MemberLoop(ctx.partitionId(), settings, process_batch).run()
-        yield json.dumps(asdict(report))
+    sc = spark.sparkContext
 
-    rdd = spark.sparkContext.parallelize(range(members), members).barrier().mapPartitions(task)
-    thread = threading.Thread(target=job._run, args=(rdd.collect,), name="kip848-members")
-    thread.daemon = True
-    job._thread = thread
-    thread.start()
+    def one(index: int) -> list[str]:
+        return list(sc.parallelize([index], 1).mapPartitions(task).collect())
+
+    for index in range(members):
+        thread = threading.Thread(target=job._supervise, args=(index, one),
+                                  name=f"kip848-member-{index}", daemon=True)  # fmt: skip
+        job._threads.append(thread)
+        thread.start()
     log.info("kip848: started %d group member(s) of %s; control dir %s", members,
              config.get("group.id"), cdir)  # fmt: skip
     return job
@@ -241,12 +305,23 @@ class _MemberLoop:
         self.processed: dict[Partition, int] = {}  # next offset after processed records
         self.committed: dict[Partition, int] = {}
         self.report = MemberReport(index=index, member_id="")
+        self._carry_over()
         self._seq = 0
         self._events = open(self.dir / f"member-{index}.events.jsonl", "a", encoding="utf-8")  # noqa: SIM115
 
+    def _carry_over(self) -> None:
+        """A restarted member continues the counters of its previous run."""
+        try:
+            data = json.loads((self.dir / f"member-{self.index}.json").read_text())
+        except (OSError, ValueError):
+            return
+        for key in ("records", "batches", "commits", "revocations", "lost"):
+            setattr(self.report, key, int(data.get(key, 0)))
+
     def event(self, kind: str, **extra: Any) -> None:
         self._seq += 1
-        record = {"t": time.time(), "seq": self._seq, "member": self.index, "kind": kind}
+        record = {"t": time.time(), "seq": self._seq, "member": self.index, "kind": kind,
+                  "pid": os.getpid()}  # fmt: skip
         record.update(extra)
         self._events.write(json.dumps(record) + "\n")
         self._events.flush()

@@ -25,7 +25,8 @@ PARTS = 4
 def options(kafka: EmbeddedKafka, group: str, topic: str, **extra: str) -> SourceOptions:
     return SourceOptions.parse(
         {"kafka.bootstrap.servers": kafka.bootstrap_servers, "group.id": group,
-         "subscribe": topic, "startingOffsets": "earliest", "joinTimeoutMs": "20000", **extra}
+         "subscribe": topic, "startingOffsets": "earliest", "joinTimeoutMs": "20000",
+         "closeCommitWaitMs": "0", **extra}
     )  # fmt: skip
 
 

@@ -165,3 +165,93 @@ def test_members_stop_after_max_records_or_a_duration(
     (report,) = job.wait(timeout=60)
     assert report.stopped_by == "stop_after_s"
     assert committed(embedded_kafka, group, topic, 2) == {0: 150, 1: 150}
+
+
+def _ownership(
+    events: list[dict[str, Any]], ended: dict[int, float]
+) -> list[tuple[str, int, float, float]]:
+    """(partition, pid, from, to) for every run of every member: from its assign to its
+    revoke-done / lost / close, or to ``ended[pid]`` (killed) / the last event."""
+    open_: dict[tuple[int, str], float] = {}
+    out: list[tuple[str, int, float, float]] = []
+    last = max(e["t"] for e in events)
+    for e in events:
+        pid = e["pid"]
+        if e["kind"] == "assign":
+            for p in e["partitions"]:
+                open_[(pid, p)] = e["t"]
+        elif e["kind"] in ("revoke-done", "lost"):
+            for p in e["partitions"]:
+                out.append((p, pid, open_.pop((pid, p)), e["t"]))
+        elif e["kind"] == "closed":
+            for q, p in list(open_):
+                if q == pid:
+                    out.append((p, pid, open_.pop((q, p)), e["t"]))
+    for (pid, p), t in open_.items():
+        out.append((p, pid, t, ended.get(pid, last)))
+    return out
+
+
+def test_a_killed_member_is_restarted_and_nothing_is_lost(
+    spark: Any, embedded_kafka: EmbeddedKafka, tmp_path: Path
+) -> None:
+    """SIGKILL one member's Python worker: the other keeps going, the member comes back
+    (new process, new assignment), every record is processed and committed, and no
+    partition is owned by two live members at once."""
+    import signal
+    import time
+
+    from spark_integration import run_group_members
+
+    topic, group = "m-kill", "m-kill-g"
+    embedded_kafka.create_topic(topic, partitions=PARTS)
+    produce(embedded_kafka, topic, PARTS, 100, "a")
+    out = tmp_path / "out"
+    out.mkdir()
+
+    def process(batch: Any) -> None:
+        cols = batch.select(["topic", "partition", "offset"]).to_pydict()
+        with open(out / f"{os.getpid()}.jsonl", "a", encoding="utf-8") as f:
+            for row in zip(cols["topic"], cols["partition"], cols["offset"], strict=True):
+                f.write(json.dumps(row) + "\n")
+
+    config = {"bootstrap.servers": embedded_kafka.bootstrap_servers, "group.id": group,
+              "auto.offset.reset": "earliest"}  # fmt: skip
+    job = run_group_members(spark, config, [topic], process, members=2, batch_size=50,
+                            control_dir=tmp_path / "ctl", restart_backoff_s=(0.5, 2.0))  # fmt: skip
+    try:
+        wait_for(lambda: len(set(written(out))) == 600, 120, "both members reading")
+
+        def starts(member: int) -> list[int]:
+            return [e["pid"] for e in job.events() if e["kind"] == "start"
+                    and e["member"] == member]  # fmt: skip
+
+        wait_for(lambda: starts(0) and starts(1), 30, "both members started")
+        victim = starts(0)[-1]
+        os.kill(victim, signal.SIGKILL)
+        killed_at = time.time()
+        produce(embedded_kafka, topic, PARTS, 100, "b")
+        wait_for(lambda: len(starts(0)) >= 2, 120, "member 0 restarted")
+        wait_for(lambda: any(e["kind"] == "assign" and e["pid"] == starts(0)[-1]
+                             for e in job.events()), 120, "member 0 back in the group")  # fmt: skip
+        produce(embedded_kafka, topic, PARTS, 50, "c")
+        wait_for(lambda: set(written(out)) == all_records(embedded_kafka, topic, PARTS), 120,
+                 "every record processed")  # fmt: skip
+        reports = job.stop(timeout=90)
+    finally:
+        if job.running():
+            job.stop(timeout=30)
+    assert job.restarts == {0: 1, 1: 0}
+    assert [r.stopped_by for r in reports] == ["stop-file", "stop-file"]
+    assert reports[0].restarts == 1 and all(r.records for r in reports)
+    survivor = starts(1)
+    assert len(survivor) == 1, "the other member was restarted too"
+    intervals = _ownership(job.events(), {victim: killed_at})
+    for p1, pid1, a1, b1 in intervals:
+        for p2, pid2, a2, b2 in intervals:
+            if p1 == p2 and pid1 != pid2:
+                assert b1 <= a2 or b2 <= a1, f"{p1} owned by {pid1} and {pid2} at once"
+    # Stopping flushed, committed and left: the group's offsets are at the end.
+    assert committed(embedded_kafka, group, topic, PARTS) == high_watermarks(
+        embedded_kafka, topic, PARTS
+    )
