@@ -155,7 +155,7 @@ class GroupReader:
 
     Created lazily; the member joins on first use. Spark calls it from one thread; a lock
     serialises those calls with the thread that commits batches reported durable by the
-    progress listener (:mod:`spark_integration.progress`).
+    progress listener (`spark_integration.progress`).
     """
 
     def __init__(

@@ -1,8 +1,8 @@
 """Options of the ``kip848`` source, validated once at load (no Spark needed).
 
 Every option Spark's Kafka source documents is either implemented or rejected with an
-error naming it (:data:`SPARK_KAFKA_OPTIONS`); options of this source only are listed in
-:data:`KIP848_OPTIONS`. Any other option is refused, so a typo never goes unnoticed.
+error naming it (`SPARK_KAFKA_OPTIONS`); options of this source only are listed in
+`KIP848_OPTIONS`. Any other option is refused, so a typo never goes unnoticed.
 """
 
 from __future__ import annotations

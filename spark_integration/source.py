@@ -194,7 +194,7 @@ class Kip848BatchReader(DataSourceReader):  # type: ignore[misc,unused-ignore]
 class DurableBatchListener(StreamingQueryListener):  # type: ignore[misc,unused-ignore]
     """Reports each kip848 batch's end offset, once Spark made it durable, to the process
     holding the query's group member, which commits it to Kafka
-    (:mod:`spark_integration.progress`)."""
+    (`spark_integration.progress`)."""
 
     def onQueryStarted(self, event: Any) -> None:
         pass
@@ -220,7 +220,7 @@ _listening: set[int] = set()
 
 
 def install_listener(spark: Any) -> None:
-    """Add the :class:`DurableBatchListener` to a session (once per session)."""
+    """Add the `DurableBatchListener` to a session (once per session)."""
     key = id(spark.streams)
     if key in _listening:
         return
