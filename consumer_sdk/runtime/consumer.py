@@ -212,6 +212,14 @@ class Consumer(GroupMember):
             owned = set(self._core.assigned_partitions)
         self._fetcher.unfence(owned)
 
+    def _call(self, callback: RebalanceCallback | None, parts: list[Partition]) -> None:
+        try:
+            super()._call(callback, parts)
+        except BaseException:
+            # A failed on_assign is retried by the core; until then nothing is being assigned.
+            self._assigning = None
+            raise
+
     def _after_revoke(self, parts: list[Partition]) -> None:
         self._releasing = None
         super()._after_revoke(parts)
@@ -495,10 +503,7 @@ class Consumer(GroupMember):
         """Replace the SASL PLAIN/SCRAM username and password, for the group connections and
         the fetcher's. They are used the next time a connection authenticates; established
         connections are not dropped (as confluent-kafka)."""
-        self._ensure_usable()
-        if not isinstance(username, str) or not isinstance(password, str):
-            raise TypeError("set_sasl_credentials() takes a username and a password (str)")
-        self._client.set_sasl_credentials(username, password)
+        super().set_sasl_credentials(username, password)
         self._fetcher.consumer.set_sasl_credentials(username, password)
 
     def _maybe_auto_commit(self) -> None:

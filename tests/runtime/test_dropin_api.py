@@ -84,6 +84,7 @@ def _script(consumer: Any, topic: str) -> list[Any]:
     out.append(("error.incremental_unassign.missing", _code(
         lambda: consumer.incremental_unassign([tp(topic, 2)]))))  # fmt: skip
     out.append(("error.seek.unassigned", _code(lambda: consumer.seek(tp(topic, 2, 1)))))
+    out.append(("position.unassigned", [p.offset for p in consumer.position([tp(topic, 2)])]))
     consumer.seek(tp(topic, 0, 2))
     consumer.seek(tp(topic, 1, OFFSET_BEGINNING))
     out.append(("position.after_seek", [p.offset for p in consumer.position(
@@ -368,3 +369,41 @@ def test_context_manager_gives_a_consumer(tmp_path: Path) -> None:
         capture_output=True, text=True, timeout=300, cwd=Path(__file__).parents[2],
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_a_failed_on_assign_leaves_no_pending_start_offsets(embedded_kafka: EmbeddedKafka) -> None:
+    """After on_assign raised, its partitions are not being assigned any more: seek() on them
+    is refused until the retried callback assigns them, and then it works."""
+    topic, group = "dropin-assign-fails", "dropin-assign-fails-g"
+    embedded_kafka.create_topic(topic, partitions=1)
+    embedded_kafka.produce(topic, [f"v{i}".encode() for i in range(10)], partition=0)
+    calls: list[int] = []
+
+    def on_assign(consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        calls.append(len(partitions))
+        if len(calls) == 1:
+            raise RuntimeError("first on_assign fails")
+
+    consumer = Consumer(config(embedded_kafka, group, enable_auto_commit=False))
+    try:
+        consumer.subscribe([topic], on_assign=on_assign)
+
+        def failed() -> bool:
+            try:
+                consumer.poll(0.05)
+            except KafkaException as exc:
+                assert "first on_assign fails" in exc.args[0].str()
+                return True
+            return False
+
+        wait_for(failed, what="on_assign raising from poll()")
+        if len(calls) == 1:  # not retried yet: the partition is not assigned
+            with pytest.raises(KafkaException) as info:
+                consumer.seek(TopicPartition(topic, 0, 3))
+            assert info.value.args[0].code() == KafkaError._STATE
+        got = _drain(consumer, _has({0: 1}), "a record once on_assign succeeded")
+        assert len(calls) >= 2 and got[0][0] == 0
+        consumer.seek(TopicPartition(topic, 0, 7))
+        assert _drain(consumer, _has({0: 1}), "the record sought")[0][0] == 7
+    finally:
+        consumer.close()
