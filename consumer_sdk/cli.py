@@ -18,10 +18,16 @@ def demo(args: argparse.Namespace) -> int:
 
 def describe(args: argparse.Namespace) -> int:
     """ConsumerGroupDescribe: members, epochs, assigned vs target partitions."""
-    from consumer_sdk.errors import KafkaException
+    from consumer_sdk.errors import ConfigError, KafkaException
     from consumer_sdk.protocol.client import ClusterClient
 
-    with ClusterClient({"bootstrap.servers": args.bootstrap_servers}) as client:
+    try:
+        config = _connection_config(args)
+        client = ClusterClient({**config, "bootstrap.servers": args.bootstrap_servers})
+    except (ConfigError, OSError) as exc:
+        sys.stderr.write(f"describe: {exc}\n")
+        return 2
+    with client:
         try:
             group = client.describe_group(args.group, args.timeout)
             names = client.metadata(None, args.timeout)
@@ -48,6 +54,35 @@ def describe(args: argparse.Namespace) -> int:
             f"    target   {fmt(m['target_assignment'])}\n"
         )
     return 0
+
+
+def _connection_config(args: argparse.Namespace) -> dict[str, str]:
+    """librdkafka connection keys from ``--command-config FILE`` then ``-X key=value``
+    (TLS and SASL for a secured cluster, as Kafka's tools and kcat take them)."""
+    from consumer_sdk.errors import ConfigError
+
+    config: dict[str, str] = {}
+    if args.command_config:
+        with open(args.command_config, encoding="utf-8") as f:
+            for number, raw in enumerate(f, 1):
+                line = raw.strip()
+                if not line or line.startswith(("#", "!")):
+                    continue
+                key, sep, value = line.partition("=")
+                if not sep:
+                    raise ConfigError(f"{args.command_config}:{number}: expected key=value")
+                config[key.strip()] = value.strip()
+    for item in args.X or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"-X {item!r}: expected key=value")
+        config[key.strip()] = value
+    from consumer_sdk.config import CONNECTION_KEYS
+
+    for key in config:
+        if key not in CONNECTION_KEYS or key in ("bootstrap.servers", "oauth_cb"):
+            raise ConfigError(f"{key}: not a connection setting describe can use")
+    return config
 
 
 def plan(args: argparse.Namespace) -> int:
@@ -143,6 +178,15 @@ def build_parser() -> argparse.ArgumentParser:
     p_desc.add_argument(
         "--timeout", type=float, default=10.0, help="seconds to wait for the broker (default: 10)"
     )
+    p_desc.add_argument(
+        "-X", action="append", metavar="KEY=VALUE",
+        help="a librdkafka connection setting, repeatable, e.g. -X security.protocol=SASL_SSL "
+        "-X sasl.mechanism=SCRAM-SHA-512 -X sasl.username=... (TLS, SASL, timeouts)",
+    )  # fmt: skip
+    p_desc.add_argument(
+        "--command-config", metavar="FILE",
+        help="a properties file of librdkafka connection settings (key=value lines); -X wins",
+    )  # fmt: skip
     p_desc.set_defaults(func=describe)
     p_plan = sub.add_parser(
         "plan",

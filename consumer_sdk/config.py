@@ -31,7 +31,7 @@ from consumer_sdk.protocol.security import (
     parse_bootstrap_servers,
 )
 
-__all__ = ["FETCHER_KEYS", "FORBIDDEN_KEYS", "ConsumerConfig"]
+__all__ = ["CONNECTION_KEYS", "FETCHER_KEYS", "FORBIDDEN_KEYS", "ConsumerConfig"]
 
 #: Keys the consumer group protocol moved to the broker; rejected like librdkafka does.
 FORBIDDEN_KEYS: dict[str, str] = {
@@ -112,6 +112,8 @@ _CONNECTION_KEYS = frozenset(
         "https.ca.location",
     }
 )
+#: The connection settings (TLS, SASL, timeouts) shared by the group and fetch connections.
+CONNECTION_KEYS = _CONNECTION_KEYS
 _CALLBACK_KEYS = frozenset({"error_cb", "stats_cb", "logger", "throttle_cb", "oauth_cb"})
 
 _OFFSET_RESET = {

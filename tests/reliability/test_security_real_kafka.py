@@ -533,3 +533,36 @@ def test_oauthbearer_oidc_bad_client_secret(
         consumer.close()
 
 
+
+
+def test_cli_describe_on_a_secured_listener(
+    secure: Secured, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``consumer-sdk describe`` takes the connection settings as ``-X`` and/or a properties
+    file, like Kafka's tools."""
+    from consumer_sdk.cli import main
+
+    topic = _topic(secure)
+    settings = _sasl(secure, "SCRAM-SHA-512", **{"sasl.username": SCRAM_USER,
+                                                 "sasl.password": SCRAM_PASSWORD})  # fmt: skip
+    consumer = Consumer({"bootstrap.servers": secure.bootstrap("SECURE"), "group.id": f"g-{topic}",
+                         **settings})  # fmt: skip
+    try:
+        consumer.subscribe([topic])
+        wait_until(lambda: (consumer.poll(0.1), len(consumer.assignment()) == 2)[1], 60, 0,
+                   "joined")  # fmt: skip
+        props = tmp_path / "client.properties"
+        props.write_text("# secured\n" + "".join(
+            f"{k}={v}\n" for k, v in settings.items() if k != "sasl.password"))  # fmt: skip
+        argv = ["describe", f"g-{topic}", "-b", secure.bootstrap("SECURE"),
+                "--command-config", str(props), "-X", f"sasl.password={SCRAM_PASSWORD}"]
+        assert main(argv) == 0
+        out = capsys.readouterr().out
+        assert f"group g-{topic}: state" in out and f"{topic}[0,1]" in out
+        assert main([*argv[:-1], f"sasl.password={WRONG}"]) == 1
+        err = capsys.readouterr().err
+        assert "SASL SCRAM-SHA-512 authentication as 'carol' failed" in err and WRONG not in err
+        assert main([*argv, "-X", "fetch.min.bytes=1"]) == 2
+        assert "fetch.min.bytes: not a connection setting" in capsys.readouterr().err
+    finally:
+        consumer.close()
