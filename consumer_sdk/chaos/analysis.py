@@ -7,6 +7,14 @@ kill. One that was SIGSTOPped and later reports ``lost`` had been fenced by the 
 session timeout after it stopped heartbeating, so its intervals open at the stop end then
 (or at the ``lost``, if earlier).
 
+On a real cluster the driver also cuts members off from the coordinator: it SIGKILLs or
+SIGSTOPs the coordinator's node. A member that reports ``lost`` after such a fault began was
+fenced by the coordinator (no heartbeat of it for a session timeout), so its intervals end one
+session after the fault began, as for a SIGSTOPped member (``fenced_unreachable``). Until it
+learns of the fencing it still owns the partitions in its own view: the time from the next
+owner's assignment to the member's ``lost`` is reported as a *zombie window*, not an overlap
+(no client can know it was fenced before it reaches the coordinator again).
+
 A record processed more than once is *explained* when every processing but the last was done
 by an incarnation whose ownership ended by a kill, a ``lost`` or fencing (not by a revoke),
 and which never committed past that record: it is uncommitted work redone by the next owner.
@@ -23,6 +31,12 @@ from typing import Any
 
 Partition = int
 
+#: driver events counted as chaos actions (``stop``: a member SIGSTOPped past its session)
+ACTION_EVENTS = ("kill", "stop", "restart", "coordinator", "broker_down", "node_kill",
+                 "node_pause")  # fmt: skip
+#: real-cluster driver events that cut members off from the coordinator (when they name it)
+CUT_OFF_EVENTS = ("coordinator", "node_kill", "node_pause")
+
 
 @dataclass
 class Interval:
@@ -30,7 +44,7 @@ class Interval:
     partition: Partition
     start: float
     end: float
-    end_kind: str  # revoke | lost | fenced | kill | close | open
+    end_kind: str  # revoke | lost | fenced | fenced_unreachable | kill | close | open
     lost_at: float = 0.0  # when the incarnation reported the loss (fenced intervals)
 
 
@@ -40,6 +54,7 @@ class Incarnation:
     events: list[dict[str, Any]] = field(default_factory=list)
     killed_at: float | None = None
     stopped_at: list[float] = field(default_factory=list)
+    cut_off_at: list[float] = field(default_factory=list)  # the coordinator's node faulted
 
 
 @dataclass
@@ -55,6 +70,8 @@ class Summary:
     duplicates_mock_readoption: int = 0
     overlaps: int = 0
     overlaps_mock_readoption: int = 0
+    zombie_windows: int = 0
+    zombie_max_s: float = 0.0
     committed_regressions: int = 0
     uncommitted_at_end: int = 0
     close_failures: int = 0
@@ -62,6 +79,8 @@ class Summary:
     actions: dict[str, int] = field(default_factory=dict)
     commit_failures: int = 0
     fatal_errors: int = 0
+    fault_errors: int = 0  # a broker fault the driver could not cause or undo
+    broker: str = "mock"
     examples: dict[str, list[str]] = field(default_factory=dict)
 
     @property
@@ -74,6 +93,7 @@ class Summary:
             "uncommitted_at_end": self.uncommitted_at_end,
             "close_failures": self.close_failures,
             "fatal_errors": self.fatal_errors,
+            "fault_errors": self.fault_errors,
         }
         return {k: v for k, v in checks.items() if v}
 
@@ -84,6 +104,7 @@ class Summary:
 
     def format(self) -> str:
         lines = [
+            f"broker:                      {self.broker}",
             f"records produced:            {self.produced} (acked by the producer: "
             f"{self.acked_by_producer})",
             f"records processed:           {self.processed} ({self.processed_unique} distinct)",
@@ -94,10 +115,13 @@ class Summary:
             f"{self.duplicates_mock_readoption})",
             f"overlapping ownership:       {self.overlaps} (plus {self.overlaps_mock_readoption} "
             "from the mock re-adopting a fenced member's stale partitions)",
+            f"zombie windows:              {self.zombie_windows} (a fenced member not yet "
+            f"aware while the next owner had the partition; longest {self.zombie_max_s:.2f}s)",
             f"committed-offset regressions: {self.committed_regressions}",
             f"uncommitted at the end:      {self.uncommitted_at_end}",
             f"members failing to close:    {self.close_failures}",
             f"fatal errors in members:     {self.fatal_errors}",
+            f"broker faults that failed:   {self.fault_errors}",
             f"commit failures (logged):    {self.commit_failures}",
             f"member incarnations:         {self.incarnations}",
             "chaos actions:               "
@@ -139,6 +163,13 @@ def incarnations(
             incs[name].killed_at = ev["t"]
         elif ev["ev"] == "stop":
             incs[name].stopped_at.append(ev["t"])
+    cut_offs = [
+        ev["t"]
+        for ev in driver_events
+        if ev["ev"] in CUT_OFF_EVENTS and (ev.get("how") == "stop" or ev.get("coordinator"))
+    ]
+    for inc in incs.values():
+        inc.cut_off_at.extend(cut_offs)
     for inc in incs.values():
         inc.events.sort(key=lambda e: e["t"])
     return incs
@@ -154,9 +185,12 @@ def intervals(inc: Incarnation, session_s: float, interval_s: float = 0.0) -> li
         if kind == "lost":
             # fenced while stopped: the broker dropped it one session after the stop
             stops = [s for s in inc.stopped_at if start <= s <= t]
+            cut_offs = [s for s in inc.cut_off_at if start <= s <= t]
             if stops:
                 # its last heartbeat may precede the stop by up to one interval
                 t, kind = min(t, stops[0] + session_s - interval_s), "fenced"
+            elif cut_offs:
+                t, kind = min(t, cut_offs[0] + session_s - interval_s), "fenced_unreachable"
         out.append(Interval(inc.name, p, start, t, kind, lost_at))
 
     last_t = 0.0
@@ -231,7 +265,7 @@ def analyze(
     s.examples = {"lost": [], "unexplained duplicates": [], "overlaps": [],
                   "regressions": [], "close failures": [], "fatal errors": []}  # fmt: skip
     for ev in driver_events:
-        if ev["ev"] in ("kill", "stop", "restart", "coordinator", "broker_down"):
+        if ev["ev"] in ACTION_EVENTS:
             s.actions[ev["ev"]] = s.actions.get(ev["ev"], 0) + 1
 
     # records
@@ -265,6 +299,9 @@ def analyze(
         ivs.sort(key=lambda iv: iv.start)
         for i, a in enumerate(ivs):
             for b in ivs[i + 1 :]:
+                if a.end <= b.start < a.lost_at and a.incarnation != b.incarnation:
+                    s.zombie_windows += 1
+                    s.zombie_max_s = max(s.zombie_max_s, a.lost_at - b.start)
                 if b.start >= a.end:
                     continue
                 if a.incarnation == b.incarnation:
@@ -299,7 +336,7 @@ def analyze(
             )
             if (
                 covering is not None
-                and covering.end_kind in ("kill", "lost", "fenced")
+                and covering.end_kind in ("kill", "lost", "fenced", "fenced_unreachable")
                 and not committed_past
             ):
                 explained += 1

@@ -1,13 +1,18 @@
-"""The chaos soak driver: EmbeddedKafka, a continuous producer, member processes and faults.
+"""The chaos soak driver: a 3-node cluster, a continuous producer, member processes and faults.
 
-It hosts a 3-broker EmbeddedKafka, produces to one topic continuously, runs K SDK member
-processes and at least one confluent-kafka ``group.protocol=consumer`` member process in one
-group, and at random kills members (SIGKILL, then restarts them), pauses them past the session
-timeout (SIGSTOP ... SIGCONT), restarts them gracefully, moves the group coordinator and takes
-a broker down briefly. It samples the group's committed offsets every second (OffsetFetch v6
-from the driver: the mock answers it without member fields). At the end it stops the faults
-and the producer, lets the members catch up and commit, closes them with SIGTERM, and checks
-the logs with `consumer_sdk.chaos.analysis`.
+It hosts a 3-node cluster (``--broker mock``: EmbeddedKafka, librdkafka's mock; ``--broker
+real``: `consumer_sdk.testing.KafkaCluster`, Apache Kafka from ``KAFKA_HOME``),
+produces to one topic continuously, runs K SDK member processes and at least one
+confluent-kafka ``group.protocol=consumer`` member process in one group, and at random kills
+members (SIGKILL, then restarts them), pauses them past the session timeout (SIGSTOP ...
+SIGCONT) and restarts them gracefully. Broker faults depend on the backend: the mock moves the
+group coordinator by decree and takes a broker down briefly; the real cluster stops the
+coordinator's node (the group moves to another node), SIGKILLs a node and SIGSTOPs one past
+the session timeout, one node at a time (the 3-voter quorum survives one), restarting it in
+the background. It samples the group's committed offsets every second (OffsetFetch without
+member fields, from the driver). At the end it stops the faults and the producer, lets the
+members catch up and commit, closes them with SIGTERM, and checks the logs with
+`consumer_sdk.chaos.analysis`.
 """
 
 from __future__ import annotations
@@ -32,7 +37,14 @@ from consumer_sdk.chaos.analysis import Summary, analyze, read_jsonl
 
 log = logging.getLogger("consumer_sdk.chaos")
 
-ACTIONS = ("kill", "pause", "restart", "coordinator", "broker_down")
+MEMBER_ACTIONS = ("kill", "pause", "restart")
+#: broker faults per backend: the mock injects them by decree; the real cluster has only
+#: process faults (error codes a real broker cannot be made to send stay the mock's job)
+BROKER_ACTIONS = {
+    "mock": ("coordinator", "broker_down"),
+    "real": ("coordinator", "node_kill", "node_pause"),
+}
+ACTIONS = MEMBER_ACTIONS + BROKER_ACTIONS["mock"]
 
 
 @dataclass
@@ -71,6 +83,9 @@ class Driver:
         self.samples: list[tuple[float, dict[int, int]]] = []
         self.kafka: Any = None
         self.coordinator = 1
+        # real backend: the node being faulted and restarted in the background (one at a time)
+        self._node_fault: threading.Thread | None = None
+        self._node_errors: list[str] = []
 
     # -- logging ------------------------------------------------------------------------------
 
@@ -235,6 +250,8 @@ class Driver:
                 self.terminate(member)
                 self.spawn(member.name, member.impl)
                 self.event("restart", name=member.name, after="close")
+        elif self.args.broker == "real":
+            self._act_real(action)
         elif action == "coordinator":
             target = self.rng.choice(
                 [b for b in range(1, self.args.brokers + 1) if b != self.coordinator]
@@ -252,17 +269,93 @@ class Driver:
             self.kafka.broker_up(broker)
             self.event("broker_up", broker=broker)
 
+    def node_fault_running(self) -> bool:
+        return self._node_fault is not None and self._node_fault.is_alive()
+
+    def _act_real(self, action: str) -> None:
+        """A process fault on one node of the real cluster; the node comes back in the
+        background (the quorum of 3 survives one node down, so one fault at a time)."""
+        session_s = self.args.session_timeout_ms / 1000
+        coordinator = self.kafka.coordinator_for(self.group, timeout=30.0)
+        if action == "coordinator":
+            node, down_s = coordinator, self.rng.uniform(2.0, 5.0)
+        else:
+            # half of the time the coordinator's node, so the group moves by crash and hang too
+            others = [n for n in self.kafka.node_ids if n != coordinator]
+            node = coordinator if self.rng.random() < 0.5 else self.rng.choice(others)
+            down_s = (session_s + self.rng.uniform(1.0, 3.0) if action == "node_pause"
+                      else self.rng.uniform(2.0, 5.0))  # fmt: skip
+        fields = {"node": node, "coordinator": node == coordinator, "seconds": down_s}
+
+        def fault() -> None:
+            try:
+                if action == "coordinator":
+                    self.event("coordinator", how="stop", broker=node, seconds=down_s)
+                    self.kafka.stop_node(node)
+                    self.event("node_stopped", node=node)
+                elif action == "node_kill":
+                    self.kafka.kill_node(node)
+                    self.event("node_kill", **fields)
+                else:
+                    self.kafka.pause_node(node)
+                    self.event("node_pause", **fields)
+                time.sleep(down_s)
+                if action == "node_pause":
+                    self.kafka.resume_node(node)
+                    self.event("node_resume", node=node)
+                else:
+                    self.kafka.start_node(node)
+                    self.event("node_started", node=node)
+            except Exception as exc:  # reported as a violation-free failure of the run
+                self._node_errors.append(f"{action} node {node}: {exc}")
+                self.event("node_fault_failed", action=action, node=node, error=str(exc))
+
+        self._node_fault = threading.Thread(target=fault, name=f"chaos-{action}", daemon=True)
+        self._node_fault.start()
+
+    def _next_action(self, schedule: list[str], actions: tuple[str, ...]) -> str:
+        """The next scheduled action; a broker fault waits (member faults go first) while
+        a node is still down from the previous one."""
+        busy = self.args.broker == "real" and self.node_fault_running()
+        for i, action in enumerate(schedule):
+            if not (busy and action not in MEMBER_ACTIONS):
+                return schedule.pop(i)
+        choices = [a for a in actions if not (busy and a not in MEMBER_ACTIONS)]
+        return self.rng.choice(choices)
+
     # -- the run --------------------------------------------------------------------------------
 
-    def run(self) -> Summary:
+    def _start_cluster(self) -> Any:
+        a = self.args
+        if a.broker == "real":
+            from consumer_sdk.testing.kafka_cluster import KafkaCluster
+
+            return KafkaCluster(
+                nodes=a.brokers,
+                kafka_home=a.kafka_home,
+                heartbeat_interval_ms=a.heartbeat_interval_ms,
+                session_timeout_ms=a.session_timeout_ms,
+            )
         from consumer_sdk.testing import EmbeddedKafka
 
-        a = self.args
-        self.kafka = EmbeddedKafka(
+        return EmbeddedKafka(
             brokers=a.brokers,
             heartbeat_interval_ms=a.heartbeat_interval_ms,
             session_timeout_ms=a.session_timeout_ms,
         )
+
+    def _create_topic(self) -> None:
+        try:
+            self.kafka.create_topic(self.topic, partitions=self.args.partitions)
+        except Exception as exc:
+            # a real broker may have created it on a first attempt the admin client retried
+            if getattr(exc, "code", None) != 36 or self.kafka.topics().get(self.topic) != (
+                self.args.partitions
+            ):
+                raise
+
+    def run(self) -> Summary:
+        self.kafka = self._start_cluster()
         try:
             return self._run()
         finally:
@@ -271,13 +364,16 @@ class Driver:
                     if member.alive():
                         self.kill(member, reason="teardown")
                     member.stderr.close()
+            if self._node_fault is not None:
+                self._node_fault.join(120)
             self.kafka.close()
             self._log_file.close()
 
     def _run(self) -> Summary:
         a = self.args
-        self.kafka.create_topic(self.topic, partitions=a.partitions)
-        self.kafka.set_group_coordinator(self.group, self.coordinator)
+        self._create_topic()
+        if a.broker == "mock":
+            self.kafka.set_group_coordinator(self.group, self.coordinator)
         self.event("start", bootstrap=self.kafka.bootstrap_servers, args=vars(a))
         producer = threading.Thread(target=self._produce, name="chaos-producer", daemon=True)
         sampler = threading.Thread(target=self._sample_committed, name="chaos-sampler",
@@ -290,18 +386,22 @@ class Driver:
             self.spawn(f"ck{i + 1}", "ck")
 
         # Every kind of fault early on (so short runs see each), then at random.
-        schedule = list(ACTIONS)
+        actions = MEMBER_ACTIONS + BROKER_ACTIONS[a.broker]
+        schedule = list(actions)
         self.rng.shuffle(schedule)
         deadline = time.monotonic() + a.duration
         time.sleep(min(5.0, a.duration / 6))  # let the group form
         while time.monotonic() < deadline:
-            action = schedule.pop(0) if schedule else self.rng.choice(ACTIONS)
-            self.act(action)
+            self.act(self._next_action(schedule, actions))
             pause = self.rng.uniform(a.min_gap, a.max_gap)
             time.sleep(max(min(pause, deadline - time.monotonic()), 0))
 
         # Calm down: no more faults, every member running, producer stopped.
         self.event("chaos_done")
+        if self._node_fault is not None:
+            self._node_fault.join(180)  # every node back before the end
+            if self._node_fault.is_alive():
+                self._node_errors.append("a node did not come back within 180 s")
         with self._members_lock:
             for member in list(self.members.values()):
                 if member.stopped:
@@ -333,7 +433,7 @@ class Driver:
         member_events: list[dict[str, Any]] = []
         for path in sorted((self.workdir / "members").glob("*.jsonl")):
             member_events.extend(read_jsonl(path))
-        return analyze(
+        summary = analyze(
             member_events,
             read_jsonl(self.workdir / "driver.jsonl"),
             ends,
@@ -344,6 +444,10 @@ class Driver:
             overlap_tolerance_s=a.overlap_tolerance,
             heartbeat_interval_s=a.heartbeat_interval_ms / 1000,
         )
+        summary.broker = a.broker
+        summary.fault_errors = len(self._node_errors)
+        summary.examples["fault errors"] = list(self._node_errors)
+        return summary
 
 
 def parser() -> argparse.ArgumentParser:
@@ -353,6 +457,19 @@ def parser() -> argparse.ArgumentParser:
         "coordinator moves and broker outages, with end-to-end delivery checks.",
     )
     p.add_argument("--duration", type=float, default=600.0, help="seconds of chaos (600)")
+    p.add_argument(
+        "--broker",
+        choices=("mock", "real"),
+        default="mock",
+        help="mock: a 3-broker EmbeddedKafka (decreed coordinator moves, broker outages); "
+        "real: a 3-node Apache Kafka KafkaCluster from --kafka-home / KAFKA_HOME (node stop, "
+        "SIGKILL and SIGSTOP) (mock)",
+    )
+    p.add_argument(
+        "--kafka-home",
+        default=None,
+        help="Kafka distribution for --broker real (default: $KAFKA_HOME)",
+    )
     p.add_argument("--members", type=int, default=3, help="SDK member processes (3)")
     p.add_argument(
         "--ck-members",
@@ -386,6 +503,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.members < 1 or args.ck_members < 1:
         parser().error("--members and --ck-members must be at least 1")
+    if args.broker == "real" and args.brokers != 3:
+        parser().error("--broker real runs 3 nodes (--brokers 3): node faults need a quorum")
+    if args.broker == "real" and not (args.kafka_home or os.environ.get("KAFKA_HOME")):
+        parser().error(
+            "--broker real needs --kafka-home or KAFKA_HOME (an Apache Kafka >= 4.0 distribution)"
+        )
     if args.seed is None:
         args.seed = int.from_bytes(os.urandom(4), "big")
     logging.basicConfig(
@@ -394,7 +517,8 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     driver = Driver(args)
     sys.stdout.write(
-        f"chaos: {args.duration:.0f}s, {args.members} SDK + {args.ck_members} confluent-kafka "
+        f"chaos ({args.broker} broker): {args.duration:.0f}s, {args.members} SDK + "
+        f"{args.ck_members} confluent-kafka "
         f"members, seed {args.seed}, logs in {driver.workdir}\n"
     )
     sys.stdout.flush()

@@ -213,7 +213,8 @@ class ChaosMember:
         closer.join(self.args.close_timeout)
 
 
-def member_main(argv: list[str]) -> int:
+def member_main(argv: list[str], member_class: type[ChaosMember] = ChaosMember) -> int:
+    """Parse a member's arguments and run ``member_class`` (a subclass may add logging)."""
     parser = argparse.ArgumentParser(prog="python -m consumer_sdk.chaos member")
     parser.add_argument("--impl", choices=("sdk", "ck"), default="sdk")
     parser.add_argument("--name", required=True)
@@ -228,4 +229,4 @@ def member_main(argv: list[str]) -> int:
         stream=sys.stderr,
         format=f"%(asctime)s {args.name} %(levelname)s %(name)s %(message)s",
     )
-    return ChaosMember(args).run()
+    return member_class(args).run()

@@ -153,3 +153,24 @@ def test_chaos_needs_both_kinds_of_member(bad: dict[str, str]) -> None:
                             capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
     assert result.returncode == 2
     assert "--members and --ck-members must be at least 1" in result.stderr
+
+
+def test_checker_ends_ownership_when_the_coordinator_node_was_cut_off() -> None:
+    """Real cluster: the coordinator's node hung (SIGSTOP) at 1.6; a, running but cut off,
+    was fenced by the coordinator and b got the partition at 8.0; a learned at 9.0. Not an
+    overlap: a zombie window of 1 s (the same log without the driver's fault is one)."""
+    events = [
+        ev(1.0, "assign", "a/1", parts=[0]),
+        *(ev(1.1 + i / 10, "rec", "a/1", p=0, o=i) for i in range(3)),
+        ev(1.5, "commit", "a/1", offsets={"0": 3}),
+        ev(8.0, "assign", "b/2", parts=[0]),
+        ev(8.1, "rec", "b/2", p=0, o=3),
+        ev(8.2, "commit", "b/2", offsets={"0": 4}),
+        ev(9.0, "lost", "a/1", parts=[0]),
+    ]
+    fault = [ev(1.6, "node_pause", "", node=2, coordinator=True)]
+    summary = check(events, fault)
+    assert summary.violations == {}, summary.examples
+    assert summary.zombie_windows == 1 and abs(summary.zombie_max_s - 1.0) < 1e-6
+    not_coordinator = [ev(1.6, "node_pause", "", node=3, coordinator=False)]
+    assert check(events, not_coordinator).violations == {"overlaps": 1}
