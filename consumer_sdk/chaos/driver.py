@@ -328,7 +328,7 @@ class Driver:
     def _start_cluster(self) -> Any:
         a = self.args
         if a.broker == "real":
-            from consumer_sdk.testing.kafka_cluster import KafkaCluster
+            from consumer_sdk.testing import KafkaCluster
 
             return KafkaCluster(
                 nodes=a.brokers,

@@ -5,7 +5,7 @@ timeout. One module-wide cluster; every node is running again after each test.
 Members are processes (``tests/realkafka/fault_member.py``: the chaos soak's member, which
 logs every callback, record and commit, plus every heartbeat of an SDK member), two SDK
 members and a confluent-kafka ``group.protocol=consumer`` member in every group (the oracle).
-The chaos checker (:func:`consumer_sdk.chaos.analysis.analyze`) then checks the logs: nothing
+The chaos checker (`consumer_sdk.chaos.analysis.analyze`) then checks the logs: nothing
 lost, no partition owned by two members at once (ownership timeline from the callbacks), only
 the uncommitted work of killed or fenced members redone, committed offsets never going back
 and everything committed at the end.
