@@ -1,7 +1,9 @@
 """Run every benchmark side by side in one run and write docs/benchmarks.md (with plots).
 
-    python -m bench            # full run (under 15 minutes here)
-    python -m bench --quick    # short variant
+    python -m bench                  # full run on EmbeddedKafka (under 15 minutes here)
+    python -m bench --quick          # short variant
+    python -m bench --broker real    # convergence + throughput on a real 3-node Apache Kafka
+                                     # (KAFKA_HOME) and on the mock, side by side, in one run
 
 Absolute times on shared machines are noise; the ratios measured in one run are the figures.
 """
@@ -21,6 +23,117 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
+REAL_BEGIN = "<!-- real-broker:begin (written by `python -m bench --broker real`) -->"
+REAL_END = "<!-- real-broker:end -->"
+
+
+def _real_section(text: str) -> str:
+    """The real-vs-mock section of an existing benchmarks.md ("" if none)."""
+    begin, end = text.find(REAL_BEGIN), text.find(REAL_END)
+    if begin < 0 or end < begin:
+        return ""
+    return text[begin : end + len(REAL_END)]
+
+
+def _with_real_section(text: str, section: str) -> str:
+    old = _real_section(text)
+    if old:
+        return text.replace(old, section)
+    return text.rstrip("\n") + "\n\n" + section + "\n"
+
+
+def _run_real(args: argparse.Namespace) -> int:
+    """Convergence and throughput on the mock and on a real 3-node cluster, in one run."""
+    from bench import convergence, throughput
+    from consumer_sdk.testing import KafkaCluster
+
+    started = time.monotonic()
+    repeats, pairs = (2, 3) if args.quick else (3, 3)
+    out: dict[str, Any] = {}
+    print("mock: rebalance convergence ...", flush=True)
+    out["mock_convergence"] = convergence.run(args.quick, repeats=repeats)
+    print("mock: consume throughput ...", flush=True)
+    out["mock_throughput"] = throughput.run(args.quick, pairs=pairs)
+    print("real: starting a 3-node Apache Kafka ...", flush=True)
+    with KafkaCluster(nodes=3, kafka_home=args.kafka_home,
+                      heartbeat_interval_ms=convergence.HEARTBEAT_MS,
+                      session_timeout_ms=convergence.SESSION_MS) as kafka:  # fmt: skip
+        version = ".".join(map(str, kafka.kafka_version))
+        print("real: rebalance convergence ...", flush=True)
+        out["real_convergence"] = convergence.run(args.quick, kafka=kafka, repeats=repeats)
+        print("real: consume throughput ...", flush=True)
+        out["real_throughput"] = throughput.run(args.quick, kafka=kafka, pairs=pairs)
+    wall = time.monotonic() - started
+    load = os.getloadavg()
+    out["kafka_version"] = version
+    json_path = DOCS / "benchmarks.json"
+    data = json.loads(json_path.read_text()) if json_path.exists() else {}
+    data["real_vs_mock"] = out
+    json_path.write_text(json.dumps(data, indent=1, default=str))
+
+    mc, rc = out["mock_convergence"], out["real_convergence"]
+    mt, rt = out["mock_throughput"], out["real_throughput"]
+    lines = [
+        REAL_BEGIN,
+        "",
+        "## Real Apache Kafka and the mock, side by side",
+        "",
+        f"Run {datetime.date.today().isoformat()} on {_machine()}; {_versions()}; Apache Kafka "
+        f"{version} (3 nodes, KRaft, `consumer_sdk.testing.KafkaCluster`). Whole run: "
+        f"{wall / 60:.1f} min{' (quick variant)' if args.quick else ''}; load average at the "
+        f"end {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}. Both backends in this one run, "
+        f"{repeats} repeats (clients alternating first), medians; ratios are consumer-sdk / "
+        "confluent-kafka (`group.protocol=consumer`) on the same cluster.",
+        "",
+        f"Convergence (goal: ratio <= 1.0): {rc['members']} members, {rc['partitions']} "
+        f"partitions, heartbeat interval {rc['heartbeat_interval_ms']} ms, session "
+        f"{rc['session_timeout_ms']} ms. *failover*: a member subscribes and at that moment "
+        "the group coordinator's node is stopped (real: controlled shutdown; mock: the "
+        "coordinator moved by decree); until the assignment with the new member is complete "
+        "and exclusive.",
+        "",
+        "| scenario | mock: sdk | mock: confluent | mock ratio | real: sdk | real: confluent "
+        "| real ratio |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for name in convergence.SCENARIOS:
+        m, r = mc["scenarios"][name], rc["scenarios"][name]
+        lines.append(f"| {name} | {m['sdk_s']:.3f} s | {m['confluent_s']:.3f} s | "
+                     f"{m['ratio']:.2f} | {r['sdk_s']:.3f} s | {r['confluent_s']:.3f} s | "
+                     f"**{r['ratio']:.2f}** |")  # fmt: skip
+    lines += [
+        "",
+        f"Consume throughput (goal: ratio >= 0.95): {rt['records']:,} records of "
+        f"{rt['record_bytes']} bytes in {rt['partitions']} partitions (real: replication "
+        "factor 3), the SDK's `Consumer` vs a raw assign-mode `confluent_kafka.Consumer`, "
+        f"median of {pairs} interleaved pair ratios.",
+        "",
+        "| API | mock: sdk | mock: raw | mock ratio | real: sdk | real: raw | real ratio |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for mode in ("poll", "consume"):
+        m, r = mt[mode], rt[mode]
+        lines.append(f"| `{mode}` | {m['sdk_per_s']:,.0f}/s | {m['raw_per_s']:,.0f}/s | "
+                     f"{m['ratio']:.2f} | {r['sdk_per_s']:,.0f}/s | {r['raw_per_s']:,.0f}/s | "
+                     f"**{r['ratio']:.2f}** |")  # fmt: skip
+    lines += ["", "Every run of each case (seconds, in run order):", ""]
+    for label, conv in (("mock", mc), ("real", rc)):
+        for name in convergence.SCENARIOS:
+            row = conv["scenarios"][name]
+            sdk = ", ".join(f"{v:.2f}" for v in row["sdk_all"])
+            ck = ", ".join(f"{v:.2f}" for v in row["confluent_all"])
+            lines.append(f"- {label} {name}: sdk [{sdk}], confluent [{ck}]")
+    lines += ["", REAL_END]
+    section = "\n".join(lines)
+    text = args.out.read_text(encoding="utf-8") if args.out.exists() else "# Benchmarks\n"
+    args.out.write_text(_with_real_section(text, section), encoding="utf-8")
+    for name in convergence.SCENARIOS:
+        print(f"{name:<10} mock {mc['scenarios'][name]['ratio']:.2f}  "
+              f"real {rc['scenarios'][name]['ratio']:.2f}")  # fmt: skip
+    for mode in ("poll", "consume"):
+        print(f"{mode:<10} mock {mt[mode]['ratio']:.2f}  real {rt[mode]['ratio']:.2f}")
+    print(f"updated {args.out} in {wall / 60:.1f} min")
+    return 0
 
 
 def _versions() -> str:
@@ -113,7 +226,20 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--out", type=Path, default=DOCS / "benchmarks.md")
+    parser.add_argument(
+        "--broker",
+        choices=("mock", "real"),
+        default="mock",
+        help="mock: every benchmark on EmbeddedKafka (rewrites benchmarks.md, keeping its "
+        "real-broker section); real: convergence and throughput on the mock and on a real "
+        "3-node Apache Kafka side by side (rewrites only that section)",
+    )
+    parser.add_argument("--kafka-home", default=None, help="for --broker real ($KAFKA_HOME)")
     args = parser.parse_args(argv)
+    if args.broker == "real":
+        if not (args.kafka_home or os.environ.get("KAFKA_HOME")):
+            parser.error("--broker real needs --kafka-home or KAFKA_HOME (Apache Kafka >= 4.0)")
+        return _run_real(args)
     started = time.monotonic()
     from bench import convergence, heartbeat_cost, throughput
 
@@ -260,7 +386,11 @@ def main(argv: list[str] | None = None) -> int:
     if images:
         lines += ["", "## Plots", ""] + [f"![{Path(i).stem}]({i})" for i in images]
     lines.append("")
-    args.out.write_text("\n".join(lines), encoding="utf-8")
+    text = "\n".join(lines)
+    old = _real_section(args.out.read_text(encoding="utf-8")) if args.out.exists() else ""
+    if old:
+        text = _with_real_section(text, old)
+    args.out.write_text(text, encoding="utf-8")
     print(f"wrote {args.out} in {wall / 60:.1f} min")
     return 0
 

@@ -1,6 +1,7 @@
 """Rebalance convergence: this SDK vs confluent-kafka's group.protocol=consumer consumer.
 
-Both run as member processes on the same EmbeddedKafka with the same heartbeat interval.
+Both run as member processes on the same cluster (EmbeddedKafka, or a real 3-node Apache Kafka
+``KafkaCluster``) with the same heartbeat interval.
 Convergence = time until the assignment is complete and exclusive again (every partition
 owned by exactly one live member, every live member owning at least one), measured from the
 members' own callbacks on one monotonic clock.
@@ -8,6 +9,7 @@ members' own callbacks on one monotonic clock.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -117,15 +119,39 @@ class Group:
                 p.popen.kill()
 
 
+def _failover(kafka: Any, group: str) -> Any:
+    """Move ``group``'s coordinator; returns what undoes the fault (or None).
+
+    Real cluster: the coordinator's node is stopped (controlled shutdown, in the background)
+    and started again afterwards. Mock: the coordinator is moved by decree."""
+    if hasattr(kafka, "stop_node"):
+        node = kafka.coordinator_for(group)
+        stopper = threading.Thread(target=kafka.stop_node, args=(node,), daemon=True)
+        stopper.start()
+
+        def restore() -> None:
+            stopper.join(120)
+            kafka.start_node(node)
+
+        return restore
+    kafka.set_group_coordinator(group, 2)  # run_scenarios pinned it to 1
+    return None
+
+
 def run_scenarios(
     kind: str, kafka: Any, members: int, partitions: int, seed: int
 ) -> dict[str, float]:
-    """Scale-out 1 -> N, a crash (SIGKILL) of one member, scale-in N-1 -> 1.
+    """Scale-out 1 -> N, a crash (SIGKILL) of one member, a coordinator failover while a
+    member joins, scale-in N -> 1.
 
     Each step starts 1.5-2.0 s (seeded, the same sequence for both clients) after the
     previous one converged: a fixed pause that is a multiple of the heartbeat interval would
     start every step at the same phase of the members' heartbeat timers and measure that
     phase rather than the client.
+
+    Failover: a new member subscribes and, at that moment, the coordinator's node is stopped
+    (real) or the coordinator moved (mock); measured until the assignment including the new
+    member is complete and exclusive again: every member must find the new coordinator.
     """
     rng = random.Random(seed)
 
@@ -135,6 +161,8 @@ def run_scenarios(
     topic = f"conv-{kind}-{uuid.uuid4().hex[:6]}"
     kafka.create_topic(topic, partitions=partitions)
     g = Group(kind, kafka.bootstrap_servers, topic, partitions)
+    if not hasattr(kafka, "stop_node"):
+        kafka.set_group_coordinator(g.group, 1)
     try:
         first = g.spawn(1)
         g.wait_ready(first)
@@ -147,29 +175,53 @@ def run_scenarios(
         t0 = g.crash(g.procs[-1])
         crash = g.wait_converged() - t0
         settle()
+        joiner = g.spawn(1)
+        t0 = g.wait_ready(joiner)
+        restore = _failover(kafka, g.group)
+        failover = g.wait_converged(timeout=120) - t0
+        if restore is not None:
+            restore()
+        settle()
         leaving = [p for p in g.procs if p.alive][1:]
         t0 = g.stop(leaving)
         scale_in = g.wait_converged() - t0
-        return {"scale_out": scale_out, "crash": crash, "scale_in": scale_in}
+        return {"scale_out": scale_out, "crash": crash, "failover": failover,
+                "scale_in": scale_in}  # fmt: skip
     finally:
         g.close_all()
 
 
-def run(quick: bool = False) -> dict[str, Any]:
+HEARTBEAT_MS, SESSION_MS = 500, 3000
+SCENARIOS = ("scale_out", "scale_in", "crash", "failover")
+
+
+def run(quick: bool = False, kafka: Any = None, repeats: int | None = None) -> dict[str, Any]:
+    """Every scenario for both clients, interleaved, ``repeats`` times; on ``kafka`` (a
+    cluster with these group timings) or a fresh 3-broker EmbeddedKafka."""
     from consumer_sdk.testing import EmbeddedKafka
 
-    members, partitions, repeats = (3, 6, 2) if quick else (5, 20, 5)
+    members, partitions, default_repeats = (3, 6, 2) if quick else (5, 20, 5)
+    repeats = repeats or default_repeats
     results: dict[str, dict[str, list[float]]] = {"sdk": {}, "confluent": {}}
-    with EmbeddedKafka(brokers=3, heartbeat_interval_ms=500, session_timeout_ms=3000) as kafka:
+    with contextlib.ExitStack() as stack:
+        if kafka is None:
+            kafka = stack.enter_context(
+                EmbeddedKafka(
+                    brokers=3, heartbeat_interval_ms=HEARTBEAT_MS, session_timeout_ms=SESSION_MS
+                )
+            )
         for repeat in range(repeats):
-            for kind in ("sdk", "confluent"):
+            # alternate which client goes first: the cluster's state drifts during a run
+            kinds = ("sdk", "confluent") if repeat % 2 == 0 else ("confluent", "sdk")
+            for kind in kinds:
                 scenario = run_scenarios(kind, kafka, members, partitions, seed=repeat)
                 for name, value in scenario.items():
                     results[kind].setdefault(name, []).append(value)
     summary: dict[str, Any] = {"members": members, "partitions": partitions,
-                               "heartbeat_interval_ms": 500, "session_timeout_ms": 3000,
+                               "heartbeat_interval_ms": HEARTBEAT_MS,
+                               "session_timeout_ms": SESSION_MS,
                                "repeats": repeats, "scenarios": {}}  # fmt: skip
-    for name in ("scale_out", "scale_in", "crash"):
+    for name in SCENARIOS:
         sdk = statistics.median(results["sdk"][name])
         ck = statistics.median(results["confluent"][name])
         summary["scenarios"][name] = {"sdk_s": sdk, "confluent_s": ck, "ratio": sdk / ck,

@@ -1,5 +1,6 @@
 """Consume throughput: this SDK's poll()/consume() vs a raw confluent-kafka assign-mode
-consumer reading the same records from the same EmbeddedKafka, in one run."""
+consumer reading the same records from the same cluster (EmbeddedKafka, or a real Apache
+Kafka ``KafkaCluster``), in one run."""
 
 from __future__ import annotations
 
@@ -82,7 +83,11 @@ def _sdk(bootstrap: str, topic: str, n: int, batch: bool) -> float:
     return (got - 1) / elapsed
 
 
-def run(quick: bool = False) -> dict[str, Any]:
+def run(quick: bool = False, kafka: Any = None, pairs: int | None = None) -> dict[str, Any]:
+    """``pairs`` interleaved SDK/raw pairs per API on ``kafka`` (or a fresh 1-broker
+    EmbeddedKafka)."""
+    import contextlib
+
     from consumer_sdk.testing import EmbeddedKafka
 
     n = 50_000 if quick else 300_000
@@ -90,8 +95,11 @@ def run(quick: bool = False) -> dict[str, Any]:
     payload = [b"x" * 100] * 5_000
     results: dict[str, list[float]] = {}
     ratios: dict[str, list[float]] = {"poll": [], "consume": []}
-    with EmbeddedKafka(brokers=1) as kafka:
-        topic = "throughput"
+    pairs = pairs or (3 if quick else 5)
+    with contextlib.ExitStack() as stack:
+        if kafka is None:
+            kafka = stack.enter_context(EmbeddedKafka(brokers=1))
+        topic = f"throughput-{uuid.uuid4().hex[:6]}"
         kafka.create_topic(topic, partitions=partitions)
         for _ in range(n // len(payload)):
             kafka.produce(topic, payload)
@@ -99,7 +107,7 @@ def run(quick: bool = False) -> dict[str, Any]:
         n = _available(kafka.bootstrap_servers, topic, partitions)
         # Interleaved pairs; the ratio of each pair is taken, then the median of the ratios,
         # so load from other processes on this shared machine hits both sides alike.
-        for i in range(3 if quick else 5):
+        for i in range(pairs):
             for mode, batch in (("poll", False), ("consume", True)):
                 if i % 2 == 0:
                     raw = _raw(kafka.bootstrap_servers, topic, partitions, n, batch)
