@@ -533,7 +533,10 @@ class _ClusterOps:
             values = [values]
         header_items = headers.items() if isinstance(headers, Mapping) else (headers or ())
         hdrs = [(str(n), _bytes(v)) for n, v in header_items] or None
+        from confluent_kafka import KafkaError, KafkaException
+
         producer = self._get_producer()
+        deadline = time.monotonic() + timeout
         errors: list[str] = []
         delivered = 0
 
@@ -564,6 +567,18 @@ class _ClusterOps:
                     break
                 except BufferError:
                     producer.poll(0.1)
+                except KafkaException as exc:
+                    # a partition added a moment ago: refresh the producer's metadata
+                    if exc.args[0].code() != KafkaError._UNKNOWN_PARTITION:
+                        raise
+                    if time.monotonic() >= deadline:
+                        raise KafkaClusterError(
+                            f"produce to {topic!r}: partition {partition} unknown after "
+                            f"{timeout:.0f}s"
+                        ) from exc
+                    with contextlib.suppress(KafkaException):
+                        producer.list_topics(topic, timeout=2)
+                    time.sleep(0.05)
             count += 1
         remaining = producer.flush(timeout)
         if errors or remaining or delivered != count:

@@ -209,8 +209,10 @@ def test_broker_fences_zombie_group_metadata(servers: str) -> None:
         def split() -> bool:
             a.poll(0.05)
             b.poll(0.05)
-            return len(a.assignment()) == 1 and len(b.assignment()) == 1 and (
-                a.member_epoch > stale_epoch
+            return (
+                len(a.assignment()) == 1
+                and len(b.assignment()) == 1
+                and (a.member_epoch > stale_epoch)
             )
 
         wait_until(split, 60, 0.0, "the partitions split between a and b")
