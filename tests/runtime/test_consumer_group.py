@@ -273,7 +273,9 @@ def test_committed_offsets_equal_what_was_processed(
     checker = Consumer(config(kafka_backend, group))
     try:
         committed = checker.committed([TopicPartition(topic, p) for p in range(3)])
-        assert {tp.partition: tp.offset for tp in committed} == {p: o + 1 for p, o in last.items()}
+        # a partition the (sticky) partitioner gave no record has nothing committed (-1001)
+        got = {tp.partition: tp.offset for tp in committed if tp.offset >= 0}
+        assert got == {p: o + 1 for p, o in last.items()}
     finally:
         checker.close()
 
