@@ -105,11 +105,15 @@ _CONNECTION_KEYS = frozenset(
         "sasl.oauthbearer.method",
         "sasl.oauthbearer.client.id",
         "sasl.oauthbearer.client.secret",
+        "sasl.oauthbearer.client.credentials.client.id",
+        "sasl.oauthbearer.client.credentials.client.secret",
+        "sasl.oauthbearer.sub.claim.name",
         "sasl.oauthbearer.token.endpoint.url",
         "sasl.oauthbearer.scope",
         "sasl.oauthbearer.extensions",
         "enable.sasl.oauthbearer.unsecure.jwt",
         "https.ca.location",
+        "https.ca.pem",
     }
 )
 #: The connection settings (TLS, SASL, timeouts) shared by the group and fetch connections.

@@ -94,7 +94,11 @@ def configuration_page() -> str:
         "sasl.oauthbearer.scope": None,
         "sasl.oauthbearer.extensions": None,
         "enable.sasl.oauthbearer.unsecure.jwt": False,
+        "sasl.oauthbearer.client.credentials.client.id": None,
+        "sasl.oauthbearer.client.credentials.client.secret": None,
+        "sasl.oauthbearer.sub.claim.name": "sub",
         "https.ca.location": None,
+        "https.ca.pem": None,
     }
     for key, value in connection_keys.items():
         lines.append(f"| `{key}` | `{value!r}` |")

@@ -190,6 +190,8 @@ class OidcSettings:
     scope: str | None = None
     extensions: Mapping[str, str] = field(default_factory=dict)
     ca_location: str | None = None
+    ca_pem: str | None = field(default=None, repr=False)
+    sub_claim: str = "sub"
 
 
 def oidc_client_credentials(settings: OidcSettings, timeout_s: float = 30.0) -> OAuthToken:
@@ -212,7 +214,12 @@ def oidc_client_credentials(settings: OidcSettings, timeout_s: float = 30.0) -> 
     if settings.token_endpoint_url.lower().startswith("https"):
         import ssl
 
-        context = ssl.create_default_context(cafile=settings.ca_location)
+        try:
+            context = ssl.create_default_context(
+                cafile=settings.ca_location, cadata=settings.ca_pem
+            )
+        except (OSError, ssl.SSLError) as exc:
+            raise OAuthError(f"https.ca.location / https.ca.pem: cannot load: {exc}") from None
     where = f"token endpoint {settings.token_endpoint_url}"
     try:
         with urllib.request.urlopen(request, timeout=timeout_s, context=context) as response:
@@ -237,7 +244,7 @@ def oidc_client_credentials(settings: OidcSettings, timeout_s: float = 30.0) -> 
         expiry = now + float(document["expires_in"])
     else:
         raise OAuthError(f"{where}: the token has neither an exp claim nor expires_in")
-    sub = claims.get("sub")
+    sub = claims.get(settings.sub_claim)
     return OAuthToken(value, expiry, sub if isinstance(sub, str) else None,
                       dict(settings.extensions), now)  # fmt: skip
 

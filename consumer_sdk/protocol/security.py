@@ -308,8 +308,13 @@ def _oauth_provider(
         return OAuthTokenProvider.from_callback(callback, oauth_config)
     if method == "oidc":
         url = get_str("sasl.oauthbearer.token.endpoint.url")
-        client_id = get_str("sasl.oauthbearer.client.id")
-        secret = get_str("sasl.oauthbearer.client.secret")
+        # librdkafka's newer names for the same two settings
+        client_id = get_str("sasl.oauthbearer.client.id") or get_str(
+            "sasl.oauthbearer.client.credentials.client.id"
+        )
+        secret = get_str("sasl.oauthbearer.client.secret") or get_str(
+            "sasl.oauthbearer.client.credentials.client.secret"
+        )
         for key, value in (("sasl.oauthbearer.token.endpoint.url", url),
                            ("sasl.oauthbearer.client.id", client_id),
                            ("sasl.oauthbearer.client.secret", secret)):  # fmt: skip
@@ -324,7 +329,8 @@ def _oauth_provider(
             url, client_id, secret, get_str("sasl.oauthbearer.scope"),
             parse_extensions(get_str("sasl.oauthbearer.extensions"),
                              "sasl.oauthbearer.extensions"),
-            get_str("https.ca.location"),
+            get_str("https.ca.location"), get_str("https.ca.pem"),
+            get_str("sasl.oauthbearer.sub.claim.name") or "sub",
         )  # fmt: skip
         timeout_s = 30.0
         return OAuthTokenProvider(lambda: oidc_client_credentials(oidc, timeout_s), "oidc")

@@ -213,3 +213,59 @@ def test_ca_location_takes_a_file_a_directory_or_probe(tmp_path: Any) -> None:
     assert ConnectionSettings.from_config({**base, "ssl.ca.location": str(tmp_path)})
     with pytest.raises(ConfigError, match=r"ssl\.ca\.location: cannot load"):
         ConnectionSettings.from_config({**base, "ssl.ca.location": str(tmp_path / "none.pem")})
+
+
+def test_oidc_client_credentials_grant_against_a_local_endpoint() -> None:
+    """The grant the group connection runs: Basic client authentication, form body, the token's
+    exp and principal claim; librdkafka's newer key names; a refused client is a clear error."""
+    import http.server
+    import threading
+
+    seen: list[tuple[str | None, str]] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers["Content-Length"])).decode()
+            seen.append((self.headers.get("Authorization"), body))
+            if self.headers.get("Authorization") != "Basic " + base64.b64encode(b"app:pw").decode():
+                self.send_response(401)
+                self.end_headers()
+                self.wfile.write(b'{"error":"invalid_client"}')
+                return
+            claims = {"cid": "app-principal", "exp": int(time.time()) + 120}
+            jwt = "e30." + base64.urlsafe_b64encode(json.dumps(claims).encode()).decode() + ".c2ln"
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(json.dumps({"access_token": jwt, "token_type": "bearer"}).encode())
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        config = {
+            "security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "OAUTHBEARER",
+            "sasl.oauthbearer.method": "oidc",
+            "sasl.oauthbearer.client.credentials.client.id": "app",
+            "sasl.oauthbearer.client.credentials.client.secret": "pw",
+            "sasl.oauthbearer.token.endpoint.url": f"http://127.0.0.1:{server.server_port}/t",
+            "sasl.oauthbearer.scope": "kafka", "sasl.oauthbearer.sub.claim.name": "cid",
+            "sasl.oauthbearer.extensions": "logicalCluster=lkc-1",
+        }  # fmt: skip
+        provider = ConnectionSettings.from_config(config).oauth
+        assert provider is not None
+        token = provider.token()
+        assert token.principal == "app-principal" and token.expiry_s > time.time() + 100
+        assert dict(token.extensions) == {"logicalCluster": "lkc-1"}
+        assert seen[0][1] == "grant_type=client_credentials&scope=kafka"
+        bad = ConnectionSettings.from_config(
+            {**config, "sasl.oauthbearer.client.credentials.client.secret": "nope"}
+        ).oauth
+        assert bad is not None
+        with pytest.raises(OAuthError) as info:
+            bad.token()
+        assert "answered HTTP 401: {\"error\":\"invalid_client\"}" in info.value.args[0].str()
+    finally:
+        server.shutdown()
+        server.server_close()
