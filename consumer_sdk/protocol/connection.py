@@ -173,6 +173,43 @@ class BrokerConnection:
                 raise KafkaTransportError(f"connection to {self.host}:{self.port} is closed")
             return sock, (self._correlation_id + 1) & 0x7FFFFFFF
 
+    @classmethod
+    def adopt(
+        cls,
+        host: str,
+        port: int,
+        settings: ConnectionSettings,
+        sock: socket.socket,
+        next_correlation_id: int,
+        api_versions: dict[int, tuple[int, int]],
+    ) -> BrokerConnection:
+        """Wrap a socket negotiated earlier (and handed over with :meth:`detach`) again, in
+        blocking mode, e.g. to re-authenticate it."""
+        conn = cls(host, port, settings)
+        sock.setblocking(True)
+        conn._sock = sock
+        conn._correlation_id = (next_correlation_id - 1) & 0x7FFFFFFF
+        conn.api_versions = api_versions
+        return conn
+
+    @property
+    def reauth_at(self) -> float | None:
+        """When (monotonic) the SASL session must be re-authenticated (KIP-368), if ever."""
+        return self._reauth_at
+
+    def reauthenticate(self, timeout_s: float | None = None) -> None:
+        """Run the SASL exchange again on this connection now (KIP-368)."""
+        budget = self.settings.connection_setup_timeout_ms / 1000
+        if timeout_s is not None:
+            budget = min(budget, max(timeout_s, 1.0))
+        with self._lock:
+            try:
+                self._authenticate(time.monotonic() + budget)
+            except BaseException:
+                self.close()
+                raise
+        self.reauthentications += 1
+
     def close(self) -> None:
         sock, self._sock = self._sock, None
         if sock is not None:

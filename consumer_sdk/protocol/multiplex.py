@@ -177,7 +177,9 @@ class MuxConnection:
     `connect_failed`.
     """
 
-    NEW, CONNECTING, READY, CLOSED = "NEW", "CONNECTING", "READY", "CLOSED"
+    NEW, CONNECTING, READY, REAUTHENTICATING, CLOSED = (
+        "NEW", "CONNECTING", "READY", "REAUTHENTICATING", "CLOSED"
+    )  # fmt: skip
 
     def __init__(self, host: str, port: int, settings: ConnectionSettings) -> None:
         self.host = host
@@ -188,6 +190,12 @@ class MuxConnection:
         self.versions = VersionCache({})
         self.failures = 0  # consecutive failed connection attempts
         self.retry_at = 0.0
+        #: KIP-368: when the SASL session must be renewed (monotonic), and whether new requests
+        #: are held back until the requests in flight are answered and the exchange ran.
+        self.reauth_at: float | None = None
+        self.paused = False
+        self.generation = 0  # bumped per established socket (stale timers check it)
+        self.reauthentications = 0
         self._cid = 0
         self._queued: deque[_Waiter] = deque()  # waiting for the connection
         self._in_flight: dict[int, _Waiter] = {}
@@ -218,7 +226,7 @@ class MuxConnection:
     def submit(self, call: Call[Any], done: Done, deadline: float) -> None:
         """Queue ``call``; ``done`` runs once with its result or error (network thread)."""
         waiter = _Waiter(call, done, deadline)
-        if self.state == self.READY:
+        if self.state == self.READY and not self.paused:
             self._write(waiter)
         else:
             self._queued.append(waiter)
@@ -257,21 +265,49 @@ class MuxConnection:
         self.state = self.CONNECTING
 
     def connected(self, conn: BrokerConnection) -> None:
-        """The blocking setup succeeded: take its socket over and send what is queued."""
-        if self.state != self.CONNECTING:
+        """The blocking setup (or re-authentication) succeeded: take its socket over and send
+        what is queued."""
+        if self.state not in (self.CONNECTING, self.REAUTHENTICATING):
             conn.close()
             return
+        reauthenticated = self.state == self.REAUTHENTICATING
+        self.reauth_at = conn.reauth_at
         sock, self._cid = conn.detach()
         self._cid = (self._cid - 1) & 0x7FFFFFFF
         sock.setblocking(False)
         self.sock = sock
         self.versions = VersionCache(conn.api_versions)
         self.state = self.READY
+        self.paused = False
         self.failures = 0
-        self._reader = FrameReader(self.settings.receive_message_max_bytes)
+        self.generation += 1
+        if reauthenticated:
+            self.reauthentications += 1
+        else:
+            self._reader = FrameReader(self.settings.receive_message_max_bytes)
         queued, self._queued = self._queued, deque()
         for w in queued:
             self._write(w)
+
+    @property
+    def ready_for_reauth(self) -> bool:
+        """Paused for KIP-368 and quiet: nothing in flight or unwritten, no partial frame."""
+        return (
+            self.paused and self.state == self.READY and self.sock is not None
+            and not self._in_flight and not self._out and not self._reader.pending
+        )  # fmt: skip
+
+    def take_for_reauth(self) -> BrokerConnection:
+        """Hand the quiet socket to a blocking connection for the SASL exchange (the caller
+        has stopped watching it); :meth:`connected` takes it back."""
+        sock = self.sock
+        assert sock is not None and self.ready_for_reauth
+        self.sock = None
+        self.state = self.REAUTHENTICATING
+        next_cid = (self._cid + 1) & 0x7FFFFFFF
+        return BrokerConnection.adopt(
+            self.host, self.port, self.settings, sock, next_cid, self.versions.api_versions
+        )
 
     def connect_failed(self, exc: KafkaException, backoff_s: float, now: float) -> None:
         self.failures += 1
@@ -361,6 +397,7 @@ class MuxConnection:
                 sock.close()
         was_ready = self.state == self.READY
         self.state = self.NEW if error is not None else self.CLOSED
+        self.paused = False
         self._out.clear()
         exc = error or KafkaTransportError(f"connection to {self.host}:{self.port} closed")
         if was_ready and error is not None:

@@ -234,7 +234,46 @@ class NetworkLoop:
             return
         conn.connected(bc)
         log.debug("shared connection to %s:%s ready", conn.host, conn.port)
+        if conn.reauth_at is not None:
+            generation = conn.generation
+            self.call_at(conn.reauth_at, lambda: self._pause_for_reauth(conn, generation))
         self._update_interest(conn)
+
+    # KIP-368: a SASL session with a lifetime is renewed on the same connection. New requests
+    # are held back, those in flight are answered, then the exchange runs on a helper thread
+    # (it blocks) and the socket comes back; a failure closes the connection like any other.
+
+    def _pause_for_reauth(self, conn: MuxConnection, generation: int) -> None:
+        if conn.generation == generation and conn.state == MuxConnection.READY:
+            conn.paused = True
+            self._update_interest(conn)
+
+    def _start_reauth(self, conn: MuxConnection) -> None:
+        sock = conn.sock
+        assert sock is not None
+        self._unregister(conn, sock)
+        bc = conn.take_for_reauth()
+
+        def run() -> None:
+            try:
+                bc.reauthenticate()
+            except KafkaException as exc:
+                error = exc
+                self.call_soon(lambda: self._reauth_failed(conn, error))
+                return
+            except Exception as exc:
+                error = KafkaTransportError(f"re-authentication with {conn.host}:{conn.port} "
+                                            f"failed: {exc}")  # fmt: skip
+                self.call_soon(lambda: self._reauth_failed(conn, error))
+                return
+            self.call_soon(lambda: self._connected(conn, bc))
+
+        threading.Thread(target=run, name=f"{self._name}-reauth", daemon=True).start()
+
+    def _reauth_failed(self, conn: MuxConnection, exc: KafkaException) -> None:
+        log.info("re-authentication with %s:%s failed: %s", conn.host, conn.port,
+                 exc.args[0].str())  # fmt: skip
+        conn.close(exc)  # the helper closed the socket; this fails the held-back requests
 
     def _connect_failed(self, conn: MuxConnection, exc: KafkaException) -> None:
         backoff = self._backoff(conn.failures + 1, conn.settings)
@@ -260,6 +299,9 @@ class NetworkLoop:
         sock = conn.sock
         if sock is None:
             self._registered.pop(conn, None)
+            return
+        if conn.paused and conn.ready_for_reauth:
+            self._start_reauth(conn)
             return
         current = self._registered.get(conn)
         if conn.wants_write:

@@ -566,3 +566,68 @@ def test_cli_describe_on_a_secured_listener(
         assert "fetch.min.bytes: not a connection setting" in capsys.readouterr().err
     finally:
         consumer.close()
+
+
+def test_shared_network_loop_reauthenticates_and_keeps_the_members(secure: Secured) -> None:
+    """Two members of one group on the shared network loop (each with its own OAUTHBEARER
+    token source, so each with its own connections: a token source is an identity); the
+    listener's sessions last 10 s, so every connection re-authenticates in place (KIP-368:
+    requests held back, the exchange, then resumed) and both members stay in the group at the
+    same epoch, with no reconnect."""
+    from consumer_sdk.membership import (
+        CallbackCompleted,
+        CallbacksNeeded,
+        Close,
+        LeaveCompleted,
+        MemberState,
+        Subscribe,
+    )
+    from consumer_sdk.runtime.member_network import MemberNetwork
+
+    def oauth_cb(config: str | None) -> tuple[str, float, str]:
+        token, expiry = unsecured_token("admin", life_s=3600)
+        return token, expiry, "admin"
+
+    topic = _topic(secure)
+    sasl = _sasl(secure, "OAUTHBEARER", oauth_cb=oauth_cb)
+    conf = {"bootstrap.servers": secure.bootstrap("SECURE"), "group.id": f"loop-{topic}",
+            "enable.auto.commit": False, **sasl}  # fmt: skip
+    first = MemberNetwork(ConsumerConfig.from_mapping(conf))
+    second = MemberNetwork(ConsumerConfig.from_mapping(conf))
+    nets = [first, second]
+    left: set[int] = set()
+
+    def pump() -> None:
+        for i, net in enumerate(nets):
+            net.note_poll()
+            for event in net.drain_background_events():
+                if isinstance(event, CallbacksNeeded):
+                    net.submit(CallbackCompleted(event.callback_id))
+                elif isinstance(event, LeaveCompleted):
+                    left.add(i)
+
+    try:
+        for net in nets:
+            net.submit(Subscribe(topics=(topic,)))
+        wait_until(lambda: (pump(), all(n.state is MemberState.STABLE for n in nets))[1],
+                   timeout=60, interval=0.05, description="both joined")  # fmt: skip
+        epochs = [n.member_epoch for n in nets]
+        loop = first._loop
+        deadline = time.monotonic() + REAUTH_MS / 1000 * 1.6
+        while time.monotonic() < deadline:
+            pump()
+            time.sleep(0.1)
+        assert all(n.state is MemberState.STABLE for n in nets)
+        assert [n.member_epoch for n in nets] == epochs
+        conns = [c for c in loop.connections() if c.state == "READY"]
+        # Re-authenticated in place (generation counts sockets: one, never reconnected).
+        assert conns and all(c.reauthentications >= 1 for c in conns), conns
+        assert all(c.generation == c.reauthentications + 1 for c in conns), conns
+        assert all(c.failures == 0 for c in loop.connections())
+    finally:
+        for net in nets:
+            net.submit(Close())
+        wait_until(lambda: (pump(), len(left) == 2)[1], timeout=30, interval=0.05,
+                   description="both left")  # fmt: skip
+        for net in nets:
+            net.stop()
