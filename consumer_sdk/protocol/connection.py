@@ -183,7 +183,7 @@ class BrokerConnection:
         next_correlation_id: int,
         api_versions: dict[int, tuple[int, int]],
     ) -> BrokerConnection:
-        """Wrap a socket negotiated earlier (and handed over with :meth:`detach`) again, in
+        """Wrap a socket negotiated earlier (and handed over with `detach`) again, in
         blocking mode, e.g. to re-authenticate it."""
         conn = cls(host, port, settings)
         sock.setblocking(True)

@@ -299,7 +299,7 @@ class MuxConnection:
 
     def take_for_reauth(self) -> BrokerConnection:
         """Hand the quiet socket to a blocking connection for the SASL exchange (the caller
-        has stopped watching it); :meth:`connected` takes it back."""
+        has stopped watching it); `connected` takes it back."""
         sock = self.sock
         assert sock is not None and self.ready_for_reauth
         self.sock = None

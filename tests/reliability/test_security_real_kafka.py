@@ -533,8 +533,6 @@ def test_oauthbearer_oidc_bad_client_secret(
         consumer.close()
 
 
-
-
 def test_cli_describe_on_a_secured_listener(
     secure: Secured, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
