@@ -6,6 +6,9 @@ import os
 
 from hypothesis import settings
 
+# pytester runs a child pytest (tests/realkafka: a leaked KafkaCluster fails the session)
+pytest_plugins = ["pytester"]
+
 # In CI every run draws the same examples (a failure there replays locally with CI=true);
 # locally, examples vary from run to run and the example database remembers failures.
 settings.register_profile("ci", derandomize=True, print_blob=True)

@@ -5,5 +5,3 @@ reason); ``real_kafka_cluster`` a module-wide 3-node cluster for node faults.
 """
 
 from __future__ import annotations
-
-pytest_plugins = ["pytester"]
