@@ -118,7 +118,11 @@ _CONNECTION_KEYS = frozenset(
 )
 #: The connection settings (TLS, SASL, timeouts) shared by the group and fetch connections.
 CONNECTION_KEYS = _CONNECTION_KEYS
-_CALLBACK_KEYS = frozenset({"error_cb", "stats_cb", "logger", "throttle_cb", "oauth_cb"})
+_CALLBACK_KEYS = frozenset(
+    {"error_cb", "stats_cb", "logger", "throttle_cb", "oauth_cb", "on_commit"}
+)
+# Callbacks the membership runtime serves itself (the fetcher never commits).
+_RUNTIME_CALLBACKS = frozenset({"on_commit"})
 
 _OFFSET_RESET = {
     "earliest": "earliest",
@@ -294,7 +298,9 @@ class ConsumerConfig(BaseModel):
                 "auto.offset.reset": self.auto_offset_reset,
             }
         )
-        conf.update(self.callbacks)  # error_cb, stats_cb, logger, throttle_cb, oauth_cb
+        # error_cb, stats_cb, logger, throttle_cb, oauth_cb: librdkafka's own (error_cb also
+        # gets the group-level errors from the membership runtime).
+        conf.update({k: v for k, v in self.callbacks.items() if k not in _RUNTIME_CALLBACKS})
         return conf
 
 

@@ -451,6 +451,14 @@ class HeartbeatRequestManager:
         if record.kind is _Kind.LEAVE:
             m.complete_leave()
 
+    def _log_episode(self, message: str, *args: object) -> None:
+        """INFO for the first failure of an episode (failures since the last success), DEBUG
+        for the retries that follow."""
+        if self._timing.failed_attempts <= 1:
+            self._m.log.info(message, *args)
+        else:
+            self._m.log.debug(message, *args)
+
     def _on_error_response(self, now_ms: int, response: HeartbeatResponse, stale: bool) -> None:
         m = self._m
         code = response.error_code
@@ -460,16 +468,19 @@ class HeartbeatRequestManager:
         self._timing.on_failure(now_ms)
 
         if code in (E.NOT_COORDINATOR, E.COORDINATOR_NOT_AVAILABLE):
+            # Rediscover, then retry after the exponential backoff (with jitter): while
+            # __consumer_offsets loads, FindCoordinator keeps naming the same broker, and an
+            # immediate retry would hammer it. Logged once per episode.
             self._coordinator_known = False
-            self._timing.reset()  # retry as soon as the coordinator is found again
-            m.log.warning(
-                "Heartbeat failed with %s: finding the coordinator again, then retrying %s",
+            self._log_episode(
+                "Heartbeat failed with %s: finding the coordinator again, then retrying with "
+                "backoff %s",
                 name,
                 detail,
             )
         elif code == E.COORDINATOR_LOAD_IN_PROGRESS:
-            m.log.warning(
-                "Heartbeat failed with %s; retrying in %d ms %s",
+            self._log_episode(
+                "Heartbeat failed with %s; retrying with backoff (next in %d ms) %s",
                 name,
                 self._timing.backoff_remaining(now_ms),
                 detail,
@@ -497,7 +508,11 @@ class HeartbeatRequestManager:
             m.log.warning("Ignoring %s for a heartbeat of an earlier membership %s", name, detail)
         else:
             m.log.error("Heartbeat failed with fatal error %s %s", name, detail)
-            m.transition_to_fatal(now_ms, code, _fatal_message(code, detail))
+            message = _fatal_message(code, detail)
+            subscription = m.subscription_fields
+            if code == E.INVALID_REGULAR_EXPRESSION and subscription and subscription[1]:
+                message = f"subscription pattern {subscription[1]!r}: {message}"
+            m.transition_to_fatal(now_ms, code, message)
         m.on_heartbeat_failure(now_ms, retriable=False)
 
     def on_failure(
@@ -518,8 +533,8 @@ class HeartbeatRequestManager:
         if failure.kind.retriable:
             if failure.kind is FailureKind.DISCONNECTED:
                 self._coordinator_known = False
-            m.log.warning(
-                "Heartbeat failed (%s%s); retrying in %d ms",
+            self._log_episode(
+                "Heartbeat failed (%s%s); retrying with backoff (next in %d ms)",
                 failure.kind.value,
                 f": {failure.message}" if failure.message else "",
                 self._timing.backoff_remaining(now_ms),

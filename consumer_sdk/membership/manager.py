@@ -337,7 +337,11 @@ class MembershipManager:
 
     def _rejected_after_close_or_fatal(self, what: str) -> bool:
         if self._closed:
-            self._log.warning("Ignoring %s: the consumer is closed", what)
+            # A poll racing close() is normal; a subscribe after close() is a caller's bug.
+            if what == "poll":
+                self._log.debug("Ignoring poll: the consumer is closed")
+            else:
+                self._log.warning("Ignoring %s: the consumer is closed", what)
             return True
         if self._fatal is not None:
             self._emit(self._fatal)
@@ -639,9 +643,11 @@ class MembershipManager:
         self._leave_in_progress = True
         self._leave_hb_sent = False
         self._to(S.PREPARE_LEAVING, "close" if close else "unsubscribe")
-        if close and self._cfg.auto_commit and self._epoch > 0 and self._rec.owned:
+        if self._cfg.auto_commit and self._epoch > 0 and self._rec.owned:
+            # Commit what was consumed while the offsets still carry a valid epoch, before the
+            # release callback and the leave heartbeat (close and unsubscribe alike).
             self._rec.mark_pending_revocation(self._rec.owned)
-            self._request_commit(_Purpose.LEAVE_COMMIT, "close")
+            self._request_commit(_Purpose.LEAVE_COMMIT, "close" if close else "unsubscribe")
             return
         self._leave_release()
 

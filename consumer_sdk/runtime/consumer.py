@@ -23,7 +23,12 @@ from confluent_kafka.admin._metadata import ClusterMetadata
 from consumer_sdk.membership import CloseOption, MemberState
 from consumer_sdk.runtime._librdkafka import write_group_metadata
 from consumer_sdk.runtime.fetcher import Fetcher
-from consumer_sdk.runtime.group_member import GroupMember, Partition, RebalanceCallback
+from consumer_sdk.runtime.group_member import (
+    GroupMember,
+    Partition,
+    RebalanceCallback,
+    _wait_seconds,
+)
 from consumer_sdk.runtime.offsets import OffsetAndMetadata
 
 __all__ = ["Consumer"]
@@ -80,52 +85,113 @@ class Consumer(GroupMember):
             super().close(timeout=1.0)
             raise
         self._store_lock = threading.Lock()
+        # Offsets stored with store_offsets() (enable.auto.offset.store=false): what
+        # auto-commit and commit() without arguments commit.
+        self._stored: dict[Partition, OffsetAndMetadata] = {}
 
     # -- records ----------------------------------------------------------------------------
 
     def poll(self, timeout: float | None = None) -> Message | None:
         """One record (or error event) within ``timeout`` seconds, else None.
 
-        Rebalance callbacks run here; their exceptions and the member's errors are raised.
+        ``None`` (the default) or a negative timeout blocks until a record, an error or a
+        callback that ran (then it returns None), as confluent-kafka. Rebalance callbacks,
+        ``on_commit`` and ``error_cb`` run here; callback exceptions and the member's errors
+        are raised.
         """
         if self._closed or self._fatal is not None:
             self._ensure_usable()
         now = time.monotonic()
         self._post_poll()
-        events = self._core.background_events
-        if events:
-            self._dispatch_background_events()
+        events, queued = self._core.background_events, self._app_callbacks
+        forever = timeout is None or timeout < 0
+        if (events or queued) and self._dispatch_background_events() and forever:
+            return self._fetcher.poll(0)
         # Fast path: a record is already buffered.
         msg = self._fetcher.poll(0)
         if msg is not None:
             return msg
-        deadline = now + (0.0 if timeout is None or timeout < 0 else timeout)
+        deadline = now + _wait_seconds(timeout)
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return None
+            # The fetcher's wait blocks in librdkafka (no busy loop); the slice bounds how
+            # late this thread notices callbacks the background thread queued.
             msg = self._fetcher.poll(min(remaining, self._slice()))
             if msg is not None:
                 return msg
             self._post_poll()
-            if events:
-                self._dispatch_background_events()
+            if (events or queued) and self._dispatch_background_events() and forever:
+                return None
 
     def consume(self, num_messages: int = 1, timeout: float | None = None) -> list[Message]:
-        """Up to ``num_messages`` records within ``timeout`` seconds."""
+        """Up to ``num_messages`` records within ``timeout`` seconds; ``None`` (the default)
+        or a negative timeout blocks until at least one record, an error or a callback that
+        ran (then it returns ``[]``)."""
         self._ensure_usable()
         if num_messages < 1:
             raise ValueError(f"num_messages must be >= 1, got {num_messages}")
-        deadline = time.monotonic() + (0.0 if timeout is None or timeout < 0 else timeout)
+        forever = timeout is None or timeout < 0
+        deadline = time.monotonic() + _wait_seconds(timeout)
         self._post_poll()
         while True:
-            if self._core.background_events:
-                self._dispatch_background_events()
+            if (self._core.background_events or self._app_callbacks) and (
+                self._dispatch_background_events() and forever
+            ):
+                return self._fetcher.consume(num_messages, 0)
             remaining = deadline - time.monotonic()
             msgs = self._fetcher.consume(num_messages, max(min(remaining, self._slice()), 0))
             if msgs or time.monotonic() >= deadline:
                 return msgs
             self._post_poll()
+
+    def store_offsets(
+        self,
+        message: Message | None = None,
+        offsets: Sequence[TopicPartition] | None = None,
+    ) -> None:
+        """Store the offset to commit next: ``message``'s offset + 1, or each of ``offsets``
+        as given. Needs ``enable.auto.offset.store=false``; auto-commit and ``commit()``
+        without arguments then commit only stored offsets.
+
+        Raises ``KafkaException`` with ``_INVALID_ARG`` when automatic storing is on and
+        ``_STATE`` for a partition this member is not assigned, as confluent-kafka.
+        """
+        self._ensure_usable()
+        if (message is None) == (offsets is None):
+            raise ValueError("store_offsets() takes either message or offsets")
+        if self._config.enable_auto_offset_store:
+            raise KafkaException(KafkaError(
+                KafkaError._INVALID_ARG,
+                "StoreOffsets failed: store_offsets() needs enable.auto.offset.store=false",
+            ))  # fmt: skip
+        todo: dict[Partition, OffsetAndMetadata] = {}
+        if message is not None:
+            topic, partition, offset = message.topic(), message.partition(), message.offset()
+            if message.error() is not None or topic is None or partition is None or offset is None:
+                raise ValueError("cannot store the offset of a message that carries an error")
+            epoch = message.leader_epoch()
+            todo[(topic, partition)] = OffsetAndMetadata(offset + 1, -1 if epoch is None else epoch)
+        else:
+            assert offsets is not None
+            for tp in offsets:
+                todo[(tp.topic, tp.partition)] = OffsetAndMetadata(
+                    tp.offset, -1 if tp.leader_epoch is None else tp.leader_epoch, tp.metadata
+                )
+        with self._store_lock:
+            owned = self._fetcher.assigned() | set(self._revoking)
+            missing = sorted(p for p in todo if p not in owned)
+            if missing:
+                raise KafkaException(KafkaError(
+                    KafkaError._STATE,
+                    "StoreOffsets failed: not assigned to this consumer: "
+                    + ", ".join(f"{t}[{p}]" for t, p in missing),
+                ))  # fmt: skip
+            self._stored.update(todo)
+            for p, o in todo.items():
+                if p in self._revoking:  # stored from inside on_revoke: commit it on revoke
+                    self._revoking[p] = o
 
     def _stats_with_group_block(self, stats_json: str) -> None:
         """librdkafka's statistics JSON (from the fetcher) plus its ``cgrp`` block, filled in
@@ -162,12 +228,31 @@ class Consumer(GroupMember):
     # -- data-plane hooks --------------------------------------------------------------------
 
     def _consumed_offsets(self) -> dict[Partition, OffsetAndMetadata]:
-        offsets = {
-            p: OffsetAndMetadata(o, self._fetcher.leader_epoch(p))
-            for p, o in self._fetcher.positions().items()
-        }
+        """What auto-commit and commit() without arguments commit: the positions (offset of
+        the last record handed out + 1) or, with enable.auto.offset.store=false, the offsets
+        stored with store_offsets()."""
+        if self._config.enable_auto_offset_store:
+            offsets = {
+                p: OffsetAndMetadata(o, self._fetcher.leader_epoch(p))
+                for p, o in self._fetcher.positions().items()
+            }
+        else:
+            with self._store_lock:
+                assigned = self._fetcher.assigned()
+                offsets = {p: o for p, o in self._stored.items() if p in assigned}
         offsets.update(self._revoking)
         return offsets
+
+    def _stored_or_positions(self, parts: list[Partition]) -> dict[Partition, OffsetAndMetadata]:
+        if not self._config.enable_auto_offset_store:
+            with self._store_lock:
+                return {p: self._stored[p] for p in parts if p in self._stored}
+        positions = self._fetcher.positions()
+        return {
+            p: OffsetAndMetadata(positions[p], self._fetcher.leader_epoch(p))
+            for p in parts
+            if p in positions
+        }
 
     def _fence(self, parts: set[Partition]) -> None:
         if parts:
@@ -179,13 +264,8 @@ class Consumer(GroupMember):
             return
         self._fetcher.fence(parts)
         if not lost:
-            # Positions stay committable from inside on_revoke (revoke-time commits).
-            positions = self._fetcher.positions()
-            self._revoking = {
-                p: OffsetAndMetadata(positions[p], self._fetcher.leader_epoch(p))
-                for p in parts
-                if p in positions
-            }
+            # Positions (or stored offsets) stay committable from inside on_revoke.
+            self._revoking = self._stored_or_positions(parts)
         self._fetcher.unassign(parts)
 
     def _before_assign(self, parts: list[Partition]) -> dict[Partition, int | None]:
@@ -206,11 +286,17 @@ class Consumer(GroupMember):
         # seek() / incremental_assign() offsets given inside on_assign win.
         overrides, self._assigning = self._assigning or {}, None
         starts = {p: overrides.get(p, o) for p, o in starts.items()}
+        with self._store_lock:
+            for p in starts:
+                self._stored.pop(p, None)
         self._fetcher.assign(starts)
-        # A pass that fenced partitions for revocation may end up keeping some of them.
+        # A pass that fenced partitions for revocation may end up keeping some of them; but
+        # partitions lost (fenced) while on_assign ran stay fenced, new ones included.
         with self._core_lock:
-            owned = set(self._core.assigned_partitions)
-        self._fetcher.unfence(owned)
+            pending = set(self._core.pending_revocation)
+            keep = set(self._core.assigned_partitions) - pending
+        self._fetcher.fence(pending)
+        self._fetcher.unfence(keep)
 
     def _call(self, callback: RebalanceCallback | None, parts: list[Partition]) -> None:
         try:
@@ -222,6 +308,9 @@ class Consumer(GroupMember):
 
     def _after_revoke(self, parts: list[Partition]) -> None:
         self._releasing = None
+        with self._store_lock:
+            for p in parts:
+                self._stored.pop(p, None)
         super()._after_revoke(parts)
 
     def _close_data_plane(self, timeout: float) -> None:
@@ -321,7 +410,7 @@ class Consumer(GroupMember):
         if self._config.enable_auto_commit:
             consumed = {p: o for p, o in self._consumed_offsets().items() if p in set(parts)}
             if consumed:
-                self._async_commits.append(consumed)
+                self._async_commits.append((consumed, -1))
                 self._wake()
         self._fetcher.unassign(parts)
         for p in parts:

@@ -56,13 +56,20 @@ class Fetcher:
         """Start fetching ``starts`` (partition -> next offset; None = auto.offset.reset).
 
         Logical offsets (OFFSET_BEGINNING, OFFSET_END, OFFSET_TAIL(n)) are librdkafka's;
-        OFFSET_STORED and OFFSET_INVALID mean auto.offset.reset, like None."""
+        OFFSET_STORED and OFFSET_INVALID mean auto.offset.reset, like None. With
+        ``auto.offset.reset=error`` such a partition is handed to librdkafka at
+        OFFSET_INVALID: it finds no committed offset either and delivers
+        ``_AUTO_OFFSET_RESET`` as an error message from poll/consume, exactly as
+        confluent-kafka does (a ``seek()`` then starts the partition)."""
         if not starts:
             return
         tps = []
         for (topic, partition), offset in starts.items():
             if offset is None or offset in (OFFSET_INVALID, OFFSET_STORED):
-                offset = OFFSET_BEGINNING if self.reset == "earliest" else OFFSET_END
+                if self.reset == "error":
+                    offset = OFFSET_INVALID
+                else:
+                    offset = OFFSET_BEGINNING if self.reset == "earliest" else OFFSET_END
             tps.append(TopicPartition(topic, partition, offset))
         with self._lock:
             new = [tp for tp in tps if (tp.topic, tp.partition) not in self._assigned]

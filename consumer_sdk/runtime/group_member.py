@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import re
+import random
 import threading
 import time
 from collections import deque
@@ -28,7 +28,6 @@ from consumer_sdk.errors import (
     KafkaTransportError,
     ProtocolError,
     UnsupportedBrokerError,
-    kafka_error,
 )
 from consumer_sdk.membership import (
     BackgroundEvent,
@@ -70,8 +69,15 @@ Partition = tuple[str, int]
 RebalanceCallback = Callable[[Any, list[TopicPartition]], None]
 
 _IN_GROUP = frozenset({MemberState.STABLE, MemberState.RECONCILING, MemberState.ACKNOWLEDGING})
+_LEAVING = frozenset({MemberState.PREPARE_LEAVING, MemberState.LEAVING})
 _POLL_EVENT_INTERVAL_S = 0.05
 _REBALANCE_POLL_GAP_S = 0.002
+# close(timeout) still gives the pre-leave commit and the leave heartbeat one attempt each of
+# up to this long once the timeout has passed (Java sends the leave at least once).
+_CLOSE_ATTEMPT_FLOOR_S = 0.5
+
+CommitCallback = Callable[[KafkaError | None, list[TopicPartition]], None]
+ErrorCallback = Callable[[KafkaError], None]
 
 
 def _now_ms() -> int:
@@ -80,6 +86,30 @@ def _now_ms() -> int:
 
 def _tps(partitions: Iterable[Partition]) -> list[TopicPartition]:
     return [TopicPartition(t, p) for t, p in sorted(partitions)]
+
+
+def _jittered(seconds: float) -> float:
+    """A retry backoff with +-20% jitter, so that members do not retry in lockstep."""
+    return seconds * random.uniform(0.8, 1.2)
+
+
+def _wait_seconds(timeout: float | None) -> float:
+    """confluent-kafka's timeout convention: None or negative waits forever."""
+    return float("inf") if timeout is None or timeout < 0 else float(timeout)
+
+
+def _as_kafka_exception(exc: BaseException, what: str = "callback") -> BaseException:
+    """A user callback's exception as raised to the application: a ``KafkaException`` as is,
+    any other ``Exception`` wrapped in one (``_APPLICATION``) with the original as
+    ``__cause__``; others (such as ``KeyboardInterrupt``) unchanged."""
+    if isinstance(exc, KafkaException) or not isinstance(exc, Exception):
+        return exc
+    wrapped = KafkaException(
+        KafkaError(KafkaError._APPLICATION, f"{what} callback raised {type(exc).__name__}: {exc}")
+    )
+    wrapped.__cause__ = exc
+    wrapped.__suppress_context__ = True
+    return wrapped
 
 
 class GroupMember:
@@ -124,7 +154,18 @@ class GroupMember:
         self._fatal: KafkaException | None = None
         self._leave_done = threading.Event()
         self._close_deadline: float | None = None
-        self._async_commits: deque[dict[Partition, OffsetAndMetadata]] = deque()
+        # Async commits with the member epoch at the time of the call: one made in on_revoke
+        # while leaving goes out before the leave heartbeat, with the epoch it was made under.
+        self._async_commits: deque[tuple[dict[Partition, OffsetAndMetadata], int]] = deque()
+        self._async_in_flight = 0
+        # Results for on_commit and errors for error_cb, queued by either thread and delivered
+        # on the application thread inside poll()/consume()/close().
+        self._app_callbacks: deque[tuple[str, Any]] = deque()
+        self._on_commit: CommitCallback | None = c.callbacks.get("on_commit")
+        self._error_cb: ErrorCallback | None = c.callbacks.get("error_cb")
+        self._leave_sent_at: float | None = None
+        self._callbacks_ended_at = 0.0
+        self._connect_episode = False
         self._last_poll_event = 0.0
         # Poll events of a stable member only reset the poll timer; posting one this often
         # keeps the timer far from expiry (it is processed within one heartbeat interval).
@@ -211,9 +252,19 @@ class GroupMember:
     # -- subscription -----------------------------------------------------------------------
 
     def _on_state_change(self, event: StateChanged) -> None:
+        """Called by the core (under the core lock) for every transition."""
         if event.old is not event.new:
             self._state_since_ms = _now_ms()
         self._last_transition_reason = event.reason
+        if event.old is MemberState.LEAVING and event.new is MemberState.UNSUBSCRIBED:
+            self._leave_sent_at = time.monotonic()
+        elif event.new is MemberState.PREPARE_LEAVING and event.reason.startswith("poll timer"):
+            ms = self._config.max_poll_interval_ms
+            self._queue_error(KafkaError(
+                KafkaError._MAX_POLL_EXCEEDED,
+                f"Application maximum poll interval ({ms}ms) exceeded: leaving the group; "
+                "the member rejoins on the next poll()",
+            ))  # fmt: skip
 
     def subscribe(
         self,
@@ -223,7 +274,11 @@ class GroupMember:
         on_lost: RebalanceCallback | None = None,
     ) -> None:
         """Subscribe to topic names, or to a regex given as a string starting with ``^``
-        (or a one-element list holding one). The group is joined on the next ``poll()``."""
+        (or a one-element list holding one). The group is joined on the next ``poll()``.
+
+        A regex goes to the broker as is (SubscribedTopicRegex) and is evaluated there with
+        RE2J; a pattern the broker rejects surfaces from ``poll()`` as
+        INVALID_REGULAR_EXPRESSION naming the pattern."""
         self._ensure_usable()
         names: tuple[str, ...]
         pattern: str | None = None
@@ -233,12 +288,8 @@ class GroupMember:
             raise TypeError("subscribe() takes a list of topic names or a regex string")
         if len(topics) == 1 and topics[0].startswith("^"):
             pattern = topics[0]
-            try:
-                re.compile(pattern)
-            except re.error as exc:
-                raise KafkaException(
-                    kafka_error(ErrorCode.INVALID_REGULAR_EXPRESSION, f"{pattern!r}: {exc}")
-                ) from None
+            if pattern == "^":
+                raise ValueError("subscribe(): the regex '^' has no pattern after the anchor")
             names = ()
         else:
             if any(t.startswith("^") for t in topics):
@@ -253,24 +304,70 @@ class GroupMember:
         self._wake()
 
     def unsubscribe(self, timeout: float = 30.0) -> None:
-        """Release the assignment (revoke callback) and leave the group."""
+        """Commit (auto-commit and pending async commits), release the assignment (revoke
+        callback, or lost when fenced) and leave the group.
+
+        The callback always runs and the leave heartbeat is sent even if it raises; then the
+        first callback error is raised as ``KafkaException`` (its ``__cause__`` is the
+        original exception). The network part waits at most ``timeout`` seconds.
+        """
         self._ensure_usable()
         self._leave_done.clear()
+        self._leave_sent_at = None
         self._core.submit(Unsubscribe())
         self._wake()
-        self._run_until(self._leave_done.is_set, timeout)
+        first = self._drive_leave(time.monotonic() + max(timeout, 0.0))
+        self._serve_app_callbacks()
+        if first is not None:
+            raise _as_kafka_exception(first)
+
+    def _drive_leave(self, deadline: float) -> BaseException | None:
+        """Run the leave's commit and release callback on this thread until the leave is over.
+
+        Callbacks are never cut short. Once ``deadline`` has passed, the wait goes on only for
+        a leave heartbeat not attempted yet (bounded by one request timeout past the last
+        callback), and for one already sent up to ``_CLOSE_ATTEMPT_FLOOR_S``. Returns the first
+        error raised by a callback (the leave goes on regardless).
+        """
+        first: BaseException | None = None
+        while not self._leave_done.is_set():
+            try:
+                self._dispatch_background_events()
+            except BaseException as exc:  # keep leaving; raised by the caller afterwards
+                if first is None:
+                    first = exc
+                continue
+            if self._leave_done.is_set() or not self._thread.is_alive():
+                break
+            now = time.monotonic()
+            if now >= deadline:
+                sent_at = self._leave_sent_at
+                if sent_at is not None:
+                    if now >= sent_at + _CLOSE_ATTEMPT_FLOOR_S:
+                        break
+                elif self._core.app_events or self._core.state in _LEAVING:
+                    cap = max(deadline, self._callbacks_ended_at) + 2 * self._request_timeout()
+                    if now >= cap:
+                        log.info("group %s: leave heartbeat not sent within the close "
+                                 "timeout", self.group_id)  # fmt: skip
+                        break
+                else:
+                    break
+            self._await_background(_POLL_EVENT_INTERVAL_S)
+        return first
 
     # -- poll -------------------------------------------------------------------------------
 
     def poll(self, timeout: float | None = None) -> Message | None:
-        """Run pending rebalance callbacks and return within ``timeout`` seconds.
+        """Run pending callbacks (rebalance, ``on_commit``, ``error_cb``) within ``timeout``
+        seconds; ``None`` or a negative timeout blocks until a callback has run.
 
         Raises the errors the membership reports (fatal ones end the member) and exceptions
         raised by callbacks. A ``GroupMember`` has no data plane and always returns None.
         """
         self._ensure_usable()
         self._post_poll()
-        self._run_until(lambda: False, 0.0 if timeout is None or timeout < 0 else timeout)
+        self._run_until(lambda: False, _wait_seconds(timeout), stop_after_callback=True)
         return None
 
     def _post_poll(self) -> None:
@@ -296,10 +393,13 @@ class GroupMember:
             if not self._core.background_events:
                 self._wakeup.wait(timeout)
 
-    def _run_until(self, done: Callable[[], bool], timeout: float) -> bool:
+    def _run_until(
+        self, done: Callable[[], bool], timeout: float, stop_after_callback: bool = False
+    ) -> bool:
         deadline = time.monotonic() + timeout
         while not done():
-            self._dispatch_background_events()
+            if self._dispatch_background_events() and stop_after_callback:
+                return True
             if done():
                 break
             remaining = deadline - time.monotonic()
@@ -311,49 +411,98 @@ class GroupMember:
 
     # -- background events (application thread) -------------------------------------------
 
-    def _dispatch_background_events(self) -> None:
+    def _dispatch_background_events(self) -> bool:
+        """Handle the core's events and run queued user callbacks on this thread; True if
+        user code ran (a rebalance callback, ``on_commit`` or ``error_cb``)."""
         raised: BaseException | None = None
+        ran = False
         for event in self._core.drain_background_events():
             try:
-                self._dispatch(event)
+                ran = self._dispatch(event) or ran
             except BaseException as exc:  # finish the batch, then raise the first error
+                ran = True
+                if raised is None:
+                    raised = exc
+        try:
+            ran = self._serve_app_callbacks() or ran
+        except BaseException as exc:
+            if raised is None:
+                raised = exc
+        if raised is not None:
+            raise raised
+        return ran
+
+    def _serve_app_callbacks(self) -> bool:
+        """Run queued ``on_commit`` / ``error_cb`` calls; True if any ran. An exception of one
+        is raised after the others have run."""
+        ran = False
+        raised: BaseException | None = None
+        while True:
+            try:
+                kind, payload = self._app_callbacks.popleft()
+            except IndexError:
+                break
+            try:
+                if kind == "commit" and self._on_commit is not None:
+                    ran = True
+                    self._on_commit(*payload)
+                elif kind == "error" and self._error_cb is not None:
+                    ran = True
+                    self._error_cb(payload)
+            except BaseException as exc:
                 if raised is None:
                     raised = exc
         if raised is not None:
-            raise raised
+            raise _as_kafka_exception(raised, "on_commit" if kind == "commit" else "error_cb")
+        return ran
 
-    def _dispatch(self, event: BackgroundEvent) -> None:
+    def _queue_error(self, error: KafkaError) -> None:
+        """Report a group-level error to ``error_cb`` (on the application thread)."""
+        if self._error_cb is not None:
+            self._app_callbacks.append(("error", error))
+            self._wake_app()
+
+    def _dispatch(self, event: BackgroundEvent) -> bool:
         if isinstance(event, CallbacksNeeded):
-            self._run_callback(event)
-        elif isinstance(event, CommitNeeded):
+            return self._run_callback(event)
+        if isinstance(event, CommitNeeded):
             self._commit_needed(event)
         elif isinstance(event, ErrorEvent):
-            error = KafkaException(
-                KafkaError(event.code, event.message, fatal=event.fatal, retriable=not event.fatal)
+            error = KafkaError(
+                event.code, event.message, fatal=event.fatal, retriable=not event.fatal
             )
             if event.fatal:
-                self._fatal = error
-            raise error
+                self._fatal = KafkaException(error)
+                if self._error_cb is not None:
+                    self._error_cb(error)
+                raise self._fatal
+            if self._error_cb is not None:
+                # Non-fatal group errors go to error_cb, as in confluent-kafka.
+                self._error_cb(error)
+                return True
+            raise KafkaException(error)
         elif isinstance(event, LeaveCompleted):
             self._leave_done.set()
         elif isinstance(event, StateChanged):
             log.debug("group %s: %s -> %s (%s)", self.group_id, event.old.name,
                       event.new.name, event.reason)  # fmt: skip
+        return False
 
-    def _run_callback(self, event: CallbacksNeeded) -> None:
+    def _run_callback(self, event: CallbacksNeeded) -> bool:
         parts = list(event.partitions)
         error: str | None = None
         user_exc: BaseException | None = None
+        called = False
         try:
             if event.kind is CallbackKind.REVOKED:
                 self._before_revoke(parts)
-                self._call(self._on_revoke, parts)
+                called = self._call(self._on_revoke, parts)
             elif event.kind is CallbackKind.LOST:
                 self._before_revoke(parts, lost=True)
-                self._call(self._on_lost or self._on_revoke, parts)
+                called = self._call(self._on_lost or self._on_revoke, parts)
             else:
                 starts = self._before_assign(parts)
-                self._call(self._on_assign, parts)
+                called = self._call(self._on_assign, parts)
                 self._after_assign(starts)
         except BaseException as exc:
             user_exc = exc
@@ -361,23 +510,18 @@ class GroupMember:
         finally:
             if event.kind is not CallbackKind.ASSIGNED:
                 self._after_revoke(parts)
+            self._callbacks_ended_at = time.monotonic()
             self._core.submit(CallbackCompleted(event.callback_id, error))
             self._wake()
         if user_exc is not None:
-            if isinstance(user_exc, KafkaException):
-                raise user_exc
-            if isinstance(user_exc, Exception):
-                raise KafkaException(
-                    KafkaError(
-                        KafkaError._APPLICATION,
-                        f"on_{event.kind.name.lower()} callback raised {error}",
-                    )
-                ) from user_exc
-            raise user_exc
+            raise _as_kafka_exception(user_exc, f"on_{event.kind.name.lower()}")
+        return called
 
-    def _call(self, callback: RebalanceCallback | None, parts: list[Partition]) -> None:
-        if callback is not None:
-            callback(self, _tps(parts))
+    def _call(self, callback: RebalanceCallback | None, parts: list[Partition]) -> bool:
+        if callback is None:
+            return False
+        callback(self, _tps(parts))
+        return True
 
     # Hooks for the data plane (Consumer overrides them).
     def _fence(self, parts: set[Partition]) -> None:
@@ -413,26 +557,69 @@ class GroupMember:
         offsets = self._consumed_offsets()
         deadline = time.monotonic() + max(event.deadline_ms - _now_ms(), 0) / 1000
         if self._close_deadline is not None:
-            deadline = min(deadline, self._close_deadline)  # close() keeps its own timeout
+            # close()/unsubscribe() keep their own timeout (one attempt at least).
+            deadline = min(deadline, max(self._close_deadline,
+                                         time.monotonic() + _CLOSE_ATTEMPT_FLOOR_S))  # fmt: skip
         try:
-            self._commit_with_retries(offsets, deadline, retry_stale=True)
+            self._commit_with_retries(offsets, deadline, retry_stale=True, what=event.reason)
         except KafkaException as exc:
             error = exc.args[0].str()
-            log.warning("group %s: commit before rebalance failed (%s); continuing",
-                        self.group_id, error)  # fmt: skip
+            log.warning("group %s: commit before %s failed (%s); continuing",
+                        self.group_id, event.reason, error)  # fmt: skip
         finally:
             self._core.submit(CommitCompleted(event.commit_id, error))
             self._wake()
 
+    def _send_commit(
+        self,
+        offsets: Mapping[Partition, OffsetAndMetadata],
+        epoch: int,
+        timeout: float,
+        report: bool = True,
+    ) -> dict[Partition, int]:
+        """One OffsetCommit; queues the ``on_commit`` call (``report=False``: the caller
+        reports a failure, after its retries)."""
+        try:
+            committed = self._offsets.commit(offsets, self.member_id, epoch, timeout)
+        except KafkaException as exc:
+            if report:
+                self._report_commit(exc.args[0], offsets)
+            raise
+        if committed:
+            self._report_commit(None, {p: offsets[p] for p in committed})
+        return committed
+
+    def _report_commit(
+        self, error: KafkaError | None, offsets: Mapping[Partition, OffsetAndMetadata]
+    ) -> None:
+        """Queue the ``on_commit`` call of one commit (the OffsetManager records the commit
+        metrics of every OffsetCommit request)."""
+        if self._on_commit is not None:
+            parts = []
+            for (t, p), o in sorted(offsets.items()):
+                extra: dict[str, Any] = {}
+                if o.metadata is not None:
+                    extra["metadata"] = o.metadata
+                if o.leader_epoch >= 0:
+                    extra["leader_epoch"] = o.leader_epoch
+                parts.append(TopicPartition(t, p, o.offset, **extra))
+            self._app_callbacks.append(("commit", (error, parts)))
+            self._wake_app()
+
     def _commit_with_retries(
-        self, offsets: Mapping[Partition, OffsetAndMetadata], deadline: float, retry_stale: bool
+        self,
+        offsets: Mapping[Partition, OffsetAndMetadata],
+        deadline: float,
+        retry_stale: bool,
+        what: str = "commit",
     ) -> dict[Partition, int]:
         backoff = self._config.retry_backoff_ms / 1000
+        logged = False
         while True:
             try:
-                return self._offsets.commit(
-                    offsets, self.member_id, self._commit_epoch(),
-                    max(deadline - time.monotonic(), 0.05),
+                return self._send_commit(
+                    offsets, self._commit_epoch(), max(deadline - time.monotonic(), 0.05),
+                    report=False,
                 )  # fmt: skip
             except (
                 CommitFailedError,
@@ -445,8 +632,13 @@ class GroupMember:
                     retry_stale and code == ErrorCode.STALE_MEMBER_EPOCH
                 )
                 if not retriable or time.monotonic() + backoff >= deadline:
+                    self._report_commit(exc.args[0], offsets)
                     raise
-                time.sleep(backoff)
+                if not logged:  # once per call, not per attempt
+                    logged = True
+                    log.info("group %s: %s failed (%s); retrying with backoff",
+                             self.group_id, what, exc.args[0].str())  # fmt: skip
+                time.sleep(_jittered(backoff))
                 backoff = min(backoff * 2, self._config.retry_backoff_max_ms / 1000)
 
     def commit(
@@ -456,12 +648,15 @@ class GroupMember:
         asynchronous: bool = True,
         timeout: float | None = None,
     ) -> list[TopicPartition] | None:
-        """Commit ``message`` (its offset + 1), explicit ``offsets``, or everything consumed.
+        """Commit ``message`` (its offset + 1), explicit ``offsets``, or everything consumed
+        (with ``enable.auto.offset.store=false``: everything stored with ``store_offsets``).
 
         Offsets carry this member's id and epoch (OffsetCommit v9). A synchronous commit
-        raises ``KafkaException`` on failure (e.g. STALE_MEMBER_EPOCH, UNKNOWN_MEMBER_ID);
-        an asynchronous one logs failures. A synchronous commit retries retriable errors for
-        up to ``timeout`` seconds (default ``socket.timeout.ms``).
+        raises ``KafkaException`` on failure (e.g. STALE_MEMBER_EPOCH, UNKNOWN_MEMBER_ID) and
+        retries retriable errors for up to ``timeout`` seconds (default ``socket.timeout.ms``).
+        Every commit's outcome goes to the ``on_commit`` callback, if configured, inside the
+        next ``poll()``/``consume()``/``close()``; an asynchronous one is sent by the
+        background thread (before any later leave heartbeat) and never retried.
         """
         self._ensure_usable()
         if message is not None and offsets is not None:
@@ -486,7 +681,10 @@ class GroupMember:
         else:
             todo = self._consumed_offsets()
         if asynchronous:
-            self._async_commits.append(todo)
+            if not todo:
+                self._report_no_offset()
+                return None
+            self._async_commits.append((todo, self.member_epoch))
             self._wake()
             return None
         if timeout is None:
@@ -541,32 +739,59 @@ class GroupMember:
     # -- close ------------------------------------------------------------------------------
 
     def close(self, timeout: float = 10.0, option: CloseOption = CloseOption.DEFAULT) -> None:
-        """Commit (auto-commit), release the assignment, leave the group and stop.
+        """Commit, release the assignment, leave the group and stop.
 
-        Always returns within ``timeout`` seconds, even with the coordinator down, and leaves
-        no thread behind. Closing twice is a no-op.
+        In order: pending asynchronous commits and the auto-commit (with
+        ``enable.auto.commit``) go out with the member's epoch; ``on_revoke`` runs (``on_lost``
+        if the member was fenced); the leave heartbeat is sent (per ``option``, KIP-1092) even
+        if a callback raised; the background thread stops. Callbacks are not cut short; the
+        network part waits at most ``timeout`` seconds, except that the commit and the leave
+        heartbeat each get one attempt (up to 0.5 s) even with ``timeout=0``. ``on_commit``
+        runs for the close commits. Then the first callback error is raised as
+        ``KafkaException`` (the original exception is its ``__cause__``). No thread is left
+        behind; closing twice is a no-op.
         """
         if self._closed:
             return
         deadline = time.monotonic() + max(timeout, 0.0)
-        # The pre-leave auto-commit retries until the rebalance timeout otherwise.
-        self._close_deadline = time.monotonic() + max(timeout, 0.0) * 0.5
+        self._close_deadline = deadline
+        first: BaseException | None = None
         if self._fatal is None and self._thread.is_alive():
             self._leave_done.clear()
+            self._leave_sent_at = None
             self._core.submit(Close(option))
             self._wake()
-            with contextlib.suppress(Exception):
-                self._run_until(self._leave_done.is_set, max(deadline - time.monotonic(), 0) * 0.8)
+            first = self._drive_leave(deadline)
+            # Async commits made by callbacks after the leave (or with no leave to send).
+            self._flush_async_commits(max(deadline, time.monotonic() + _CLOSE_ATTEMPT_FLOOR_S))
         self._closed = True
         self._stop.set()
         self._wake()
-        self._thread.join(max(deadline - time.monotonic(), 0) * 0.5)
+        self._thread.join(max(deadline - time.monotonic(), 0.05))
         if self._thread.is_alive():
             self._client.close()  # unblocks a socket wait so the thread exits
-            self._thread.join(max(deadline - time.monotonic(), 0.05))
+            self._thread.join(max(deadline - time.monotonic(), 0.5))
         self._client.close()
         self._close_data_plane(max(deadline - time.monotonic(), 0.05))
         unroute_thread_logs(self._thread)
+        try:
+            self._serve_app_callbacks()  # on_commit of the close commits
+        except BaseException as exc:
+            if first is None:
+                first = exc
+        if first is not None:
+            raise _as_kafka_exception(first)
+
+    def _flush_async_commits(self, deadline: float) -> None:
+        """Wait (until ``deadline``) for queued asynchronous commits to be sent."""
+        while (self._async_commits or self._async_in_flight) and self._thread.is_alive():
+            if time.monotonic() >= deadline:
+                log.info("group %s: %d asynchronous commit(s) not sent before close",
+                         self.group_id, len(self._async_commits))  # fmt: skip
+                return
+            self._wake()
+            with self._wakeup:
+                self._wakeup.wait(0.01)
 
     def _close_data_plane(self, timeout: float) -> None:
         return None
@@ -620,9 +845,11 @@ class GroupMember:
             if self._core.metadata_needed:
                 self._refresh_metadata(now)
             result = self._core.poll(now)
+        # Async commits queued before the event that made this heartbeat (say, a commit made
+        # in on_revoke before the leave) go out first.
+        self._run_async_commits()
         if result.request is not None:
             self._send_heartbeat(result.request)
-        self._run_async_commits()
         self._maybe_auto_commit()
         with self._core_lock:
             wait_ms = self._core.time_until_next_poll(_now_ms())
@@ -644,22 +871,36 @@ class GroupMember:
             self._client.find_coordinator(self.group_id, self._request_timeout())
         except Exception as exc:
             self._coordinator_failures += 1
-            delay = min(
+            delay = _jittered(min(
                 self._config.retry_backoff_ms * 2 ** (self._coordinator_failures - 1),
                 self._config.retry_backoff_max_ms,
-            )
+            ))  # fmt: skip
             self._coordinator_retry_at = time.monotonic() + delay / 1000
-            log.warning("group %s: FindCoordinator failed (%s); retrying in %d ms",
-                        self.group_id, exc, delay)  # fmt: skip
+            # Once per episode (until the coordinator is found), not once per attempt.
+            level = logging.INFO if self._coordinator_failures == 1 else logging.DEBUG
+            log.log(level, "group %s: FindCoordinator failed (%s); retrying with backoff "
+                    "(next in %d ms)", self.group_id, exc, delay)  # fmt: skip
             if isinstance(exc, SaslError | TlsHandshakeError):
                 self._report_connect_error(exc)
+            elif self._coordinator_failures == 3 and isinstance(exc, KafkaException):
+                error = exc.args[0]
+                self._queue_error(KafkaError(
+                    KafkaError._TRANSPORT if error.code() in (KafkaError._TRANSPORT,
+                                                              KafkaError._TIMED_OUT)
+                    else error.code(),
+                    f"group coordinator unreachable: {error.str()}", retriable=True,
+                ))  # fmt: skip
             return
+        if self._coordinator_failures >= 3:
+            log.info("group %s: coordinator found after %d failed attempts", self.group_id,
+                     self._coordinator_failures)  # fmt: skip
         self._coordinator_failures = 0
         self._core.on_coordinator_known(now)
 
     def _report_connect_error(self, exc: KafkaException) -> None:
-        """Authentication and TLS failures are configuration errors: besides the log, the
-        next ``poll()`` raises them (once per failed attempt; the lookup goes on retrying)."""
+        """Authentication and TLS failures are configuration errors: besides the log, they go
+        to ``error_cb`` (``_AUTHENTICATION`` / ``_SSL``), or without one the next ``poll()``
+        raises them (once per failed attempt; the lookup goes on retrying)."""
         error = exc.args[0]
         code = error.code() if isinstance(exc, SaslError) else KafkaError._SSL
         message = f"cannot connect to the cluster: {error.str()}"
@@ -722,18 +963,37 @@ class GroupMember:
         return epoch if epoch > 0 else -1
 
     def _commit_logging_failures(
-        self, offsets: dict[Partition, OffsetAndMetadata], what: str
-    ) -> None:
-        """Background-thread commit (async or auto): failures are logged, never raised."""
+        self, offsets: dict[Partition, OffsetAndMetadata], what: str, epoch: int | None = None
+    ) -> bool:
+        """Background-thread commit (async or auto), never retried: failures go to
+        ``on_commit`` if configured (else they are logged), never raised. False if there was
+        nothing new to commit."""
+        current = self._commit_epoch()
+        if epoch is None or current > 0 or epoch <= 0:
+            epoch = current
         try:
-            self._offsets.commit(offsets, self.member_id, self._commit_epoch(),
-                                 self._request_timeout())  # fmt: skip
+            return bool(self._send_commit(offsets, epoch, self._request_timeout()))
         except Exception as exc:
-            log.warning("group %s: %s failed: %s", self.group_id, what, exc)
+            level = logging.DEBUG if self._on_commit is not None else logging.WARNING
+            log.log(level, "group %s: %s failed: %s", self.group_id, what, exc)
+            return True
+
+    def _report_no_offset(self) -> None:
+        if self._on_commit is not None:
+            self._app_callbacks.append(
+                ("commit", (KafkaError(KafkaError._NO_OFFSET, "Local: No offset stored"), []))
+            )
+            self._wake_app()
 
     def _run_async_commits(self) -> None:
         while self._async_commits:
-            self._commit_logging_failures(self._async_commits.popleft(), "async commit")
+            self._async_in_flight += 1
+            try:
+                offsets, epoch = self._async_commits.popleft()
+                if not self._commit_logging_failures(offsets, "async commit", epoch):
+                    self._report_no_offset()
+            finally:
+                self._async_in_flight -= 1
 
     def _auto_commit_wait(self) -> float:
         if not self._config.enable_auto_commit or self._config.auto_commit_interval_ms <= 0:

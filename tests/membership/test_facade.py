@@ -113,9 +113,18 @@ def test_logging_prefix_levels_and_poll_timer_message(caplog: pytest.LogCaptureF
     )
     caplog.clear()
     d.respond(err(ErrorCode.COORDINATOR_LOAD_IN_PROGRESS))
-    (warning,) = [r for r in caplog.records if r.levelno == logging.WARNING]
-    assert "COORDINATOR_LOAD_IN_PROGRESS" in warning.getMessage()
-    assert "retrying in" in warning.getMessage()
+    # A coordinator-load episode logs once at INFO (no WARNING), its retries at DEBUG.
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    (info,) = [r for r in caplog.records if r.levelno == logging.INFO]
+    assert "COORDINATOR_LOAD_IN_PROGRESS" in info.getMessage()
+    assert "retrying with backoff" in info.getMessage()
+    caplog.clear()
+    d.advance(2_000)
+    d.must_hb()
+    d.respond(err(ErrorCode.COORDINATOR_LOAD_IN_PROGRESS))
+    assert [r.levelno for r in caplog.records if "COORDINATOR_LOAD" in r.getMessage()] == [
+        logging.DEBUG
+    ]
     d.app_poll()
     d.advance(15_000)
     caplog.clear()

@@ -204,13 +204,20 @@ def test_backoff_skipped_after_coordinator_and_fencing_errors(code: ErrorCode) -
     d.must_hb()
     d.respond(err(code))
     if code in (ErrorCode.NOT_COORDINATOR, ErrorCode.COORDINATOR_NOT_AVAILABLE):
+        # Unlike Java (which resets the backoff), a coordinator error starts an exponential
+        # backoff episode: while __consumer_offsets loads, FindCoordinator keeps naming the
+        # same broker and immediate retries storm it. The earlier failures were followed by a
+        # success, so this is the first attempt of a new episode: retry.backoff.ms.
         assert d.core.coordinator_needed
         assert d.hb() is None
         d.core.on_coordinator_known(d.now)
+        assert d.core.time_until_next_poll(d.now) == 100
+        assert d.hb() is None
+        d.advance(100)
     else:
         assert d.state is S.JOINING
-    assert d.core.time_until_next_poll(d.now) == 0
-    req = d.must_hb()  # right away, no backoff
+        assert d.core.time_until_next_poll(d.now) == 0  # right away, no backoff
+    req = d.must_hb()
     assert req.rebalance_timeout_ms != -1  # and full
 
 
