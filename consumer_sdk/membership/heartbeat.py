@@ -451,13 +451,15 @@ class HeartbeatRequestManager:
         if record.kind is _Kind.LEAVE:
             m.complete_leave()
 
-    def _log_episode(self, message: str, *args: object) -> None:
-        """INFO for the first failure of an episode (failures since the last success), DEBUG
-        for the retries that follow."""
-        if self._timing.failed_attempts <= 1:
-            self._m.log.info(message, *args)
-        else:
+    def _log_episode(self, message: str, *args: object, warn: bool = False) -> None:
+        """INFO (WARNING with ``warn``) for the first failure of an episode (failures since
+        the last success), DEBUG for the retries that follow."""
+        if self._timing.failed_attempts > 1:
             self._m.log.debug(message, *args)
+        elif warn:
+            self._m.log.warning(message, *args)
+        else:
+            self._m.log.info(message, *args)
 
     def _on_error_response(self, now_ms: int, response: HeartbeatResponse, stale: bool) -> None:
         m = self._m
@@ -538,6 +540,7 @@ class HeartbeatRequestManager:
                 failure.kind.value,
                 f": {failure.message}" if failure.message else "",
                 self._timing.backoff_remaining(now_ms),
+                warn=True,  # a transport failure, not a coordinator that is loading
             )
         elif stale:
             m.log.warning("Ignoring %s for a heartbeat of an earlier membership", failure.kind)

@@ -591,3 +591,4 @@ def test_regex_python_syntax_is_not_validated_client_side(kafka: EmbeddedKafka) 
             c.subscribe(["^"])
     finally:
         c.close(timeout=0)
+
