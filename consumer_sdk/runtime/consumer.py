@@ -298,9 +298,9 @@ class Consumer(GroupMember):
         self._fetcher.fence(pending)
         self._fetcher.unfence(keep)
 
-    def _call(self, callback: RebalanceCallback | None, parts: list[Partition]) -> None:
+    def _call(self, callback: RebalanceCallback | None, parts: list[Partition]) -> bool:
         try:
-            super()._call(callback, parts)
+            return super()._call(callback, parts)
         except BaseException:
             # A failed on_assign is retried by the core; until then nothing is being assigned.
             self._assigning = None
