@@ -407,3 +407,37 @@ def test_a_failed_on_assign_leaves_no_pending_start_offsets(embedded_kafka: Embe
         assert _drain(consumer, _has({0: 1}), "the record sought")[0][0] == 7
     finally:
         consumer.close()
+
+
+def test_incremental_assign_in_on_assign_matches_confluent_kafka(
+    embedded_kafka: EmbeddedKafka,
+) -> None:
+    """confluent-kafka's way of choosing start offsets in a cooperative rebalance: the same
+    on_assign, run by both clients (each alone in its own group), starts the same places."""
+    topic = "dropin-incr-cb"
+    embedded_kafka.create_topic(topic, partitions=3)
+    for p in range(3):
+        embedded_kafka.produce(topic, [f"{p}-{i}".encode() for i in range(20)], partition=p)
+
+    def run(consumer: Any) -> dict[int, int]:
+        consumer.commit(offsets=[TopicPartition(topic, p, 10) for p in range(3)],
+                        asynchronous=False)  # fmt: skip
+
+        def on_assign(c: Any, partitions: list[TopicPartition]) -> None:
+            c.incremental_assign([
+                TopicPartition(tp.topic, tp.partition,
+                               {0: OFFSET_BEGINNING, 1: 4}.get(tp.partition, OFFSET_INVALID))
+                for tp in partitions
+            ])  # fmt: skip
+
+        consumer.subscribe([topic], on_assign=on_assign)
+        got = _drain(consumer, _has({0: 1, 1: 1, 2: 1}), "a record from every partition")
+        return {p: offsets[0] for p, offsets in got.items()}
+
+    sdk = Consumer(config(embedded_kafka, "dropin-incr-cb-sdk", enable_auto_commit=False))
+    ref = _reference(embedded_kafka, "dropin-incr-cb-ref", enable_auto_commit=False)
+    try:
+        ours, theirs = run(sdk), run(ref)
+        assert ours == theirs == {0: 0, 1: 4, 2: 10}
+    finally:
+        _close(sdk, ref)
