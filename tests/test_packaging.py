@@ -163,7 +163,7 @@ def test_wheel_metadata(dists: dict[str, Path]) -> None:
 
 
 PLUGIN_TEST = """
-from consumer_sdk import Consumer
+from consumer_sdk import Consumer, TopicPartition
 
 
 def test_the_fixture_serves_a_group(embedded_kafka):
@@ -185,6 +185,15 @@ def test_the_fixture_serves_a_group(embedded_kafka):
                 break
         assert seen == {b"a", b"b", b"c"}
         consumer.commit(asynchronous=False)
+        # The methods that lean on the installed confluent-kafka (fetcher, librdkafka).
+        assert consumer.cluster_id(10)
+        metadata = consumer.list_topics("smoke", timeout=10)
+        assert sorted(metadata.topics["smoke"].partitions) == [0, 1]
+        low, high = consumer.get_watermark_offsets(TopicPartition("smoke", 0), timeout=10)
+        assert 0 <= low <= high
+        assert consumer.consumer_group_metadata()
+        committed = consumer.committed([TopicPartition("smoke", 0), TopicPartition("smoke", 1)])
+        assert sum(tp.offset for tp in committed) == 3
     finally:
         consumer.close()
 """

@@ -84,7 +84,7 @@ def _library_path() -> str:
     if not found:
         raise LibrdkafkaError(
             f"cannot find the librdkafka bundled with confluent_kafka "
-            f"{confluent_kafka.version()[0]} (nothing matches {' or '.join(patterns)})"
+            f"{confluent_kafka.__version__} (nothing matches {' or '.join(patterns)})"
         )
     return found[0]
 
@@ -109,7 +109,7 @@ def _library() -> ctypes.CDLL:
             fn.argtypes = argtypes
         if missing:
             raise LibrdkafkaError(
-                f"librdkafka {confluent_kafka.libversion()[0]} at {path} lacks "
+                f"librdkafka at {path} (confluent-kafka {confluent_kafka.__version__}) lacks "
                 f"{', '.join(missing)} (consumer_group_metadata() needs librdkafka >= 1.6)"
             )
         _lib = lib

@@ -566,8 +566,14 @@ class Consumer(GroupMember):
     def cluster_id(self, timeout: float = -1) -> str | None:
         """The cluster id (KIP-78), from the fetcher's ``confluent_kafka.Consumer``."""
         self._ensure_usable()
-        cluster: str | None = self._fetcher.consumer.cluster_id(timeout)
-        return cluster
+        fetcher = self._fetcher.consumer
+        if hasattr(fetcher, "cluster_id"):
+            cluster: str | None = fetcher.cluster_id(timeout)
+            return cluster
+        # confluent-kafka < 2.16 has no Consumer.cluster_id: the Metadata response carries it
+        # (and a broker that cannot be reached raises KafkaException, as cluster_id() does).
+        found: str | None = fetcher.list_topics(timeout=timeout).cluster_id
+        return found
 
     def memberid(self) -> str:
         """This member's id. With the consumer group protocol the client generates it at
