@@ -184,13 +184,14 @@ def intervals(inc: Incarnation, session_s: float, interval_s: float = 0.0) -> li
         lost_at = t
         if kind == "lost":
             # fenced while stopped: the broker dropped it one session after the stop
-            stops = [s for s in inc.stopped_at if start <= s <= t]
-            cut_offs = [s for s in inc.cut_off_at if start <= s <= t]
+            # fenced after a SIGSTOP of its own or its coordinator's node: the broker dropped
+            # it one session after the earlier of the two (its last heartbeat may precede that
+            # by up to one interval)
+            stops = [(s, "fenced") for s in inc.stopped_at if start <= s <= t]
+            stops += [(s, "fenced_unreachable") for s in inc.cut_off_at if start <= s <= t]
             if stops:
-                # its last heartbeat may precede the stop by up to one interval
-                t, kind = min(t, stops[0] + session_s - interval_s), "fenced"
-            elif cut_offs:
-                t, kind = min(t, cut_offs[0] + session_s - interval_s), "fenced_unreachable"
+                first, kind = min(stops)
+                t = min(t, first + session_s - interval_s)
         out.append(Interval(inc.name, p, start, t, kind, lost_at))
 
     last_t = 0.0
@@ -263,7 +264,8 @@ def analyze(
     incs = incarnations(member_events, driver_events)
     s.incarnations = len(incs)
     s.examples = {"lost": [], "unexplained duplicates": [], "overlaps": [],
-                  "regressions": [], "close failures": [], "fatal errors": []}  # fmt: skip
+                  "regressions": [], "close failures": [], "fatal errors": [],
+                  "zombie windows": []}  # fmt: skip
     for ev in driver_events:
         if ev["ev"] in ACTION_EVENTS:
             s.actions[ev["ev"]] = s.actions.get(ev["ev"], 0) + 1
@@ -302,6 +304,11 @@ def analyze(
                 if a.end <= b.start < a.lost_at and a.incarnation != b.incarnation:
                     s.zombie_windows += 1
                     s.zombie_max_s = max(s.zombie_max_s, a.lost_at - b.start)
+                    s.examples["zombie windows"].append(
+                        f"partition {p}: {a.incarnation} ({a.end_kind}) learned at "
+                        f"{a.lost_at:.3f}, {a.lost_at - b.start:.3f}s after {b.incarnation} "
+                        f"took it at {b.start:.3f}"
+                    )
                 if b.start >= a.end:
                     continue
                 if a.incarnation == b.incarnation:

@@ -427,6 +427,8 @@ class Driver:
         time.sleep(a.sample_interval * 1.5)  # one more committed-offset sample after closing
         self._stop_sampling.set()
         sampler.join(10)
+        # kept so that a run can be checked again offline (analysis.analyze)
+        (self.workdir / "committed_samples.json").write_text(json.dumps(self.samples))
         self.event("done")
         self._log_file.flush()
 

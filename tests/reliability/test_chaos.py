@@ -174,3 +174,23 @@ def test_checker_ends_ownership_when_the_coordinator_node_was_cut_off() -> None:
     assert summary.zombie_windows == 1 and abs(summary.zombie_max_s - 1.0) < 1e-6
     not_coordinator = [ev(1.6, "node_pause", "", node=3, coordinator=False)]
     assert check(events, not_coordinator).violations == {"overlaps": 1}
+
+
+def test_checker_takes_the_earlier_of_a_members_pause_and_its_coordinators_hang() -> None:
+    """a was cut off when the coordinator's node hung at 1.0, then SIGSTOPped at 3.0: the
+    coordinator fenced it on its own resume at 7.2, and b took the partition then. The
+    fencing bound is the earlier cut-off (1.0 + 6 s - 0.5 s), not the stop."""
+    events = [
+        ev(0.5, "assign", "a/1", parts=[0]),
+        *(ev(0.6 + i / 10, "rec", "a/1", p=0, o=i) for i in range(3)),
+        ev(0.95, "commit", "a/1", offsets={"0": 3}),
+        ev(7.2, "assign", "b/2", parts=[0]),
+        ev(7.3, "rec", "b/2", p=0, o=3),
+        ev(7.4, "commit", "b/2", offsets={"0": 4}),
+        ev(12.0, "lost", "a/1", parts=[0]),
+    ]
+    driver = [ev(1.0, "node_pause", "", node=2, coordinator=True), ev(3.0, "stop", "a/1"),
+              ev(11.9, "cont", "a/1")]  # fmt: skip
+    summary = check(events, driver)
+    assert summary.violations == {}, summary.examples
+    assert summary.zombie_windows == 1
