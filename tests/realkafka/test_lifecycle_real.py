@@ -5,6 +5,7 @@ a raising on_revoke or ``close(timeout=0)`` still hands the partitions over by a
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from typing import Any
@@ -152,3 +153,30 @@ def test_close_hands_over_by_a_leave(real_kafka: KafkaCluster, impl: str, how: s
     finally:
         other.stop()
         c.close()
+
+
+def test_normal_run_and_close_log_no_warning(
+    real_kafka: KafkaCluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    topic, group = unique("lc-quiet"), unique("lc-quiet-g")
+    real_kafka.create_topic(topic, partitions=2)
+    real_kafka.produce(topic, [b"x"] * 4)
+    caplog.set_level(logging.INFO, logger="consumer_sdk")
+    members = [Consumer(_conf(real_kafka, group)) for _ in range(2)]
+    try:
+        for m in members:
+            m.subscribe([topic])
+        got = 0
+        deadline = time.monotonic() + 60
+        while got < 4:
+            assert time.monotonic() < deadline, f"consumed {got} of 4"
+            for m in members:
+                msg = m.poll(0.1)
+                got += msg is not None and msg.error() is None
+        for m in members:
+            m.commit(asynchronous=True)
+    finally:
+        for m in members:
+            m.close()
+    noisy = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert noisy == []
