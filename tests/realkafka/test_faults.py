@@ -393,3 +393,50 @@ def test_member_sigstop_past_the_session_is_fenced_and_rejoins(group: Group) -> 
     ends = g.wait_consumed_and_committed()
     g.close()
     g.check(ends)
+
+
+def test_coordinator_move_is_retried_with_backoff_not_a_warning_storm(
+    real_kafka_cluster: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """While the group's new coordinator loads ``__consumer_offsets`` (NOT_COORDINATOR /
+    COORDINATOR_LOAD_IN_PROGRESS), in-process SDK members retry with backoff and log each
+    episode once, not a WARNING per attempt."""
+    import logging
+
+    from tests.runtime.harness import Member, Timeline, config
+
+    kafka = real_kafka_cluster
+    topic, group = f"lc-load-{uuid.uuid4().hex[:6]}", f"lc-load-g-{uuid.uuid4().hex[:6]}"
+    kafka.create_topic(topic, partitions=2)
+    caplog.set_level(logging.DEBUG, logger="consumer_sdk")
+    members = [Member(f"m{i}", config(kafka, group), [topic], Timeline()) for i in range(2)]
+    node = -1
+    try:
+        wait_until(lambda: all(len(m.owned) == 1 for m in members), 60, 0.1, "a 1/1 split")
+        node = kafka.coordinator_for(group)
+        caplog.clear()
+        kafka.stop_node(node)
+        moved = kafka.coordinator_for(group)
+        assert moved != node
+        time.sleep(3 * INTERVAL_S)  # the members find the new coordinator and heartbeat there
+        wait_until(lambda: all(m.consumer.state.name == "STABLE" for m in members), 60, 0.1,
+                   "both members stable on the new coordinator")  # fmt: skip
+        records = [r for r in caplog.records if r.name.startswith("consumer_sdk")]
+        failures = [r for r in records if "Heartbeat failed" in r.getMessage()
+                    or "FindCoordinator failed" in r.getMessage()]  # fmt: skip
+        loud = [r.getMessage() for r in failures if r.levelno >= logging.INFO]
+        # Per member: at most one transport episode (WARNING) and one coordinator-load
+        # episode (INFO); retries log at DEBUG.
+        assert len(loud) <= 2 * len(members) * 2, loud
+        warnings = [r.getMessage() for r in records if r.levelno >= logging.WARNING]
+        assert len(warnings) <= 2 * len(members), warnings
+        print(
+            f"\ncoordinator {node} -> {moved}: {len(failures)} failed attempts logged, "
+            f"{len(loud)} at INFO or above, {len(warnings)} warnings"
+        )
+        assert all(len(m.owned) == 1 for m in members) and not any(m.errors for m in members)
+    finally:
+        for m in members:
+            m.stop()
+        if node >= 0 and node not in kafka.node_pids():
+            kafka.start_node(node)
