@@ -277,3 +277,35 @@ def test_loop_is_released_by_its_last_user() -> None:
     wait_until(lambda: not loop.running, timeout=5, description="loop stopped")
     assert NetworkLoop.acquire() is not loop
     NetworkLoop._shared.release()  # type: ignore[union-attr]
+
+
+def test_slow_coordinator_times_out_the_shared_connection_and_members_recover(
+    kafka: EmbeddedKafka,
+) -> None:
+    """Responses delayed past the heartbeat request timeout (5 s here): the timed-out request
+    closes the shared connection and fails every request on it; the members back off,
+    reconnect and stay in the group once the broker answers promptly again."""
+    kafka.create_topic("nl-slow", partitions=4)
+    apps = [App(member(kafka.bootstrap_servers, "nl-slow")) for _ in range(2)]
+    try:
+        for app in apps:
+            app.net.submit(Subscribe(topics=("nl-slow",)))
+        poll_until(apps, lambda: all(a.net.state is MemberState.STABLE for a in apps)
+                   and cover(apps, "nl-slow", 4), "joined")  # fmt: skip
+        coordinator = apps[0].net.coordinator.coordinator
+        assert coordinator is not None
+        conn = apps[0].net._conn(coordinator.host, coordinator.port)
+        generation = conn.generation
+        ids = [a.net.member_id for a in apps]
+        kafka.set_rtt(coordinator.node_id, 5600)
+        try:
+            poll_until(apps, lambda: conn.generation > generation or conn.state != "READY",
+                       "the timed-out connection was closed", timeout=30)  # fmt: skip
+        finally:
+            kafka.set_rtt(coordinator.node_id, 0)
+        poll_until(apps, lambda: conn.state == "READY" and conn.generation > generation
+                   and all(a.net.state is MemberState.STABLE for a in apps)
+                   and cover(apps, "nl-slow", 4), "recovered", timeout=60)  # fmt: skip
+        assert [a.net.member_id for a in apps] == ids
+    finally:
+        close_all(apps)
