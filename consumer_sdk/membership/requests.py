@@ -169,6 +169,13 @@ class CoordinatorManager:
             return (code, f"cannot connect to the cluster: {failure.message}")
         return None
 
+    def adopt(self, coordinator: Coordinator) -> None:
+        """Take a coordinator another member of the same group just found (no request)."""
+        if not self._in_flight and coordinator.error_code == E.NONE:
+            self._episode.succeeded()
+            self.coordinator = coordinator
+            self.last_error = None
+
     def mark_unknown(self, reason: str) -> None:
         if self.coordinator is not None:
             log.info("group %s: coordinator %d marked unknown: %s", self.group_id,

@@ -91,6 +91,28 @@ class _TopicNames:
             wake()
 
 
+class _Coordinators:
+    """Group coordinators of one cluster, shared by the process's members on the loop thread:
+    after a coordinator change or a dropped connection, one FindCoordinator per group goes out
+    and the other members of that group take its answer, instead of each asking."""
+
+    def __init__(self) -> None:
+        self.known: dict[str, Coordinator] = {}
+        self.in_flight: set[str] = set()
+        self.waiters: dict[str, list[Callable[[], None]]] = {}
+
+    def done(self, group_id: str, found: Coordinator | None) -> None:
+        if found is not None and found.error_code == 0:
+            self.known[group_id] = found
+        self.in_flight.discard(group_id)
+        for wake in self.waiters.pop(group_id, []):
+            wake()
+
+    def forget(self, group_id: str, coordinator: Coordinator) -> None:
+        if self.known.get(group_id) == coordinator:
+            del self.known[group_id]
+
+
 def _now_ms() -> int:
     return int(time.monotonic() * 1000)
 
@@ -316,10 +338,20 @@ class MemberNetwork:
         core, coord = self.core, self.coordinator
         # Coordinator
         needed = core.coordinator_needed or self.commits.coordinator_needed
+        waiting = False
+        if needed and coord.coordinator is None and not coord.in_flight:
+            shared = self._shared_coordinators()
+            found = shared.known.get(self.config.group_id)
+            if found is not None:
+                coord.adopt(found)
+            elif self.config.group_id in shared.in_flight:
+                shared.waiters.setdefault(self.config.group_id, []).append(self.wake)
+                waiting = True  # another member's lookup answers for this one too
         if coord.coordinator is not None and not core.coordinator_known:
             core.on_coordinator_known(now)
-        find = coord.poll(now, needed)
+        find = coord.poll(now, needed and not waiting)
         if find is not None:
+            self._shared_coordinators().in_flight.add(find.group_id)
             self._send_any(KioCall(
                 m.API_FIND_COORDINATOR, lambda v: m.find_coordinator_call(find.group_id, v),
                 lambda r: m.find_coordinator_from_kio(find.group_id, r), self._client_id),
@@ -350,10 +382,21 @@ class MemberNetwork:
                 m.offset_commit_from_kio, self._client_id),
                 lambda res, err, i=commit_id: self._on_commit(i, res, err))  # type: ignore[misc]  # fmt: skip
         wait = 0 if core.app_events else result.next_poll_ms
-        if core.coordinator_needed or self.commits.coordinator_needed:
+        if (core.coordinator_needed or self.commits.coordinator_needed) and not waiting:
             wait = min(wait, coord.time_until_next_poll(now, True, _IDLE_MS))
         wait = min(wait, self.metadata.time_until_next_poll(now, _IDLE_MS))
         return min(wait, self.commits.time_until_next_poll(now, known, _IDLE_MS))
+
+    def _shared_coordinators(self) -> _Coordinators:
+        key = ("coordinators", self._loop.connection_key(self._settings), tuple(self._bootstrap))
+        shared: _Coordinators = self._loop.shared(key, _Coordinators)
+        return shared
+
+    def _coordinator_lost(self, reason: str) -> None:
+        known = self.coordinator.coordinator
+        if known is not None:
+            self._shared_coordinators().forget(self.config.group_id, known)
+        self.coordinator.mark_unknown(reason)
 
     def _topic_view(self) -> _TopicNames:
         key = ("topic-names", self._loop.connection_key(self._settings), tuple(self._bootstrap))
@@ -467,17 +510,18 @@ class MemberNetwork:
             if error is None:
                 core.on_heartbeat_response(now, response, request)
                 if response.error_code in _COORDINATOR_ERRORS:
-                    self.coordinator.mark_unknown(ErrorCode.name_of(response.error_code))
+                    self._coordinator_lost(ErrorCode.name_of(response.error_code))
             else:
                 failure = failure_of(error)
                 core.on_heartbeat_failure(now, failure, request)
                 if failure.kind is FailureKind.DISCONNECTED:
-                    self.coordinator.mark_unknown(failure.message)
+                    self._coordinator_lost(failure.message)
             if self.coordinator.coordinator is None and core.coordinator_known:
                 core.on_coordinator_unknown(now)
         self._after()
 
     def _on_coordinator(self, result: Coordinator | None, error: KafkaException | None) -> None:
+        self._shared_coordinators().done(self.config.group_id, result if error is None else None)
         if self._stopped:
             return
         now = _now_ms()
@@ -526,7 +570,7 @@ class MemberNetwork:
             else:
                 rediscover = self.commits.on_failure(now, commit_id, failure_of(error))
             if rediscover:
-                self.coordinator.mark_unknown("OffsetCommit coordinator error")
+                self._coordinator_lost("OffsetCommit coordinator error")
                 if self.core.coordinator_known:
                     self.core.on_coordinator_unknown(now)
         if not self._stopped:

@@ -105,6 +105,7 @@ def cover(apps: list[App], topic: str, partitions: int) -> bool:
 
 def test_many_members_one_thread_one_connection_per_broker(kafka: EmbeddedKafka) -> None:
     kafka.create_topic("nl-many", partitions=24)
+    kafka.clear_requests()
     threads_before = threading.active_count()
     apps = [App(member(kafka.bootstrap_servers, "nl-many", **{"client.id": f"c{i % 2}"}))
             for i in range(8)]  # fmt: skip
@@ -127,6 +128,9 @@ def test_many_members_one_thread_one_connection_per_broker(kafka: EmbeddedKafka)
         addresses = [(c.host, c.port) for c in loop.connections()]
         assert len(addresses) == len(set(addresses)) <= 3 + 1
         assert len({a.net.member_id for a in apps}) == 8
+        # Members of one group share coordinator lookups and topic metadata.
+        counts = kafka.request_counts()
+        assert counts.get(10, 0) < 8 and counts.get(3, 0) < 8, counts
         # Heartbeats keep flowing on the shared connections.
         beats = sum(a.net.core.metrics.snapshot(0)["heartbeat-total"] for a in apps)
         poll_until(apps, lambda: sum(a.net.core.metrics.snapshot(0)["heartbeat-total"]
