@@ -193,7 +193,8 @@ def test_the_fixture_serves_a_group(embedded_kafka):
         assert 0 <= low <= high
         assert consumer.consumer_group_metadata()
         committed = consumer.committed([TopicPartition("smoke", 0), TopicPartition("smoke", 1)])
-        assert sum(tp.offset for tp in committed) == 3
+        # A partition the records did not go to has no commit (OFFSET_INVALID).
+        assert sum(tp.offset for tp in committed if tp.offset >= 0) == 3
     finally:
         consumer.close()
 """
