@@ -366,13 +366,14 @@ class NetworkLoop:
             log.exception("network loop callback failed")
 
     def _drain_wakeups(self) -> None:
-        with self._wake_lock:
-            self._wake_pending = False
-        try:
+        # Read first, then clear the flag: clearing first could swallow the byte of a wakeup
+        # that set the flag in between, leaving the flag set with nothing left to read, and
+        # every later wakeup would then be skipped.
+        with contextlib.suppress(OSError):
             while self._wake_r.recv(4096):
                 pass
-        except (BlockingIOError, OSError):
-            pass
+        with self._wake_lock:
+            self._wake_pending = False
 
     def _shutdown(self) -> None:
         for conn in list(self._connections.values()):

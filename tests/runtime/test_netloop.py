@@ -313,3 +313,33 @@ def test_slow_coordinator_times_out_the_shared_connection_and_members_recover(
         assert [a.net.member_id for a in apps] == ids
     finally:
         close_all(apps)
+
+
+def test_no_wakeup_is_lost(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Callbacks queued from other threads always wake the loop: with no timers and an
+    unbounded select, a lost wakeup would leave a callback waiting forever."""
+    from consumer_sdk.runtime import netloop
+
+    monkeypatch.setattr(netloop, "_MAX_SELECT_S", 3600.0)
+    loop = NetworkLoop("test-wakeups")
+    loop._users = 1
+    loop._start()
+    failures: list[int] = []
+
+    def hammer(offset: int) -> None:
+        for i in range(1500):
+            done = threading.Event()
+            loop.call_soon(done.set)
+            if not done.wait(30):
+                failures.append(offset + i)
+                return
+
+    threads = [threading.Thread(target=hammer, args=(n * 10_000,)) for n in range(3)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert failures == []
+    finally:
+        loop.release()
