@@ -66,6 +66,8 @@ _EMITTED_MEMORY = 64
 _CLOSE_TIMEOUT_S = 10.0
 _EXIT_WATCHDOG_S = 20.0
 _WATCH_INTERVAL_S = 0.1
+#: Bound on a synchronous commit's retries (a deleted topic's partitions fail retriably).
+_COMMIT_TIMEOUT_S = 5.0
 #: Errors meaning "this topic or partition does not exist (any more)".
 _UNKNOWN = frozenset(
     {KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC, KafkaError._UNKNOWN_PARTITION,
@@ -140,7 +142,9 @@ class _AssignedPartitions:
             return []
         return list(self._client.committed(tps, timeout=timeout))
 
-    def commit(self, offsets: list[TopicPartition], asynchronous: bool = False) -> None:
+    def commit(
+        self, offsets: list[TopicPartition], asynchronous: bool = False, timeout: float = 10.0
+    ) -> None:
         if self._client is not None:
             self._client.commit(offsets=offsets, asynchronous=False)
 
@@ -346,12 +350,8 @@ class GroupReader:
             # Before the revocation is acknowledged: the next owner starts where this query's
             # sink durably stops. A failure here only means that owner re-reads some records.
             try:
-                member.commit(
-                    offsets=[TopicPartition(t, p, o) for (t, p), o in sorted(offsets.items())],
-                    asynchronous=False,
-                )
-                committed = offsets
-                self._kafka_committed.update(offsets)
+                committed = self._commit(member, offsets)
+                self._kafka_committed.update(committed)
             except (KafkaException, ValueError) as exc:
                 log.warning("kip848: commit on revoke of %s failed: %s", parts, exc)
         self._drop(parts)
@@ -652,10 +652,9 @@ class GroupReader:
             return
         for attempt in (1, 2):
             try:
-                member.commit(
-                    offsets=[TopicPartition(t, p, o) for (t, p), o in sorted(todo.items())],
-                    asynchronous=False,
-                )
+                todo = self._commit(member, todo)
+                if not todo:
+                    return
                 self._kafka_committed.update(todo)
                 self._event("commit", sorted(todo),
                             offsets={f"{t}:{p}": o for (t, p), o in todo.items()},
@@ -670,6 +669,29 @@ class GroupReader:
                     todo = {p: o for p, o in todo.items() if p in self._owned}
                     if not todo:
                         return
+
+    def _commit(self, member: Any, offsets: Mapping[Partition, int]) -> dict[Partition, int]:
+        """Commit synchronously; partitions of a deleted topic are left out (what was
+        committed is returned): their loss is reported by the next ``latest_offset``."""
+        try:
+            member.commit(
+                offsets=[TopicPartition(t, p, o) for (t, p), o in sorted(offsets.items())],
+                asynchronous=False, timeout=_COMMIT_TIMEOUT_S,
+            )  # fmt: skip
+            return dict(offsets)
+        except KafkaException as exc:
+            if exc.args[0].code() not in _UNKNOWN:
+                raise
+            gone = self._deleted(set(offsets))
+            if not gone:
+                raise
+        rest = {p: o for p, o in offsets.items() if p not in gone}
+        if rest:
+            member.commit(
+                offsets=[TopicPartition(t, p, o) for (t, p), o in sorted(rest.items())],
+                asynchronous=False, timeout=_COMMIT_TIMEOUT_S,
+            )  # fmt: skip
+        return rest
 
     def _data_loss(self, lost: Mapping[Partition, tuple[int, int, int]]) -> None:
         detail = ", ".join(
