@@ -233,8 +233,8 @@ def run(quick: bool = False) -> dict[str, Any]:
             per_row_ms = one_ms / records
             _step("no-op source, one input partition")
             _noop_query(spark, small, 3, workdir)  # warm-up
-            noop = [p["durationMs"]["triggerExecution"]
-                    for p in _noop_query(spark, small, small_batches, workdir / "n2")]  # fmt: skip
+            noop_progress = _noop_query(spark, small, small_batches, workdir / "n2")
+            noop = [p["durationMs"]["triggerExecution"] for p in noop_progress]
     finally:
         spark.stop()
     direct_rate = records / direct_s
@@ -257,6 +257,10 @@ def run(quick: bool = False) -> dict[str, Any]:
     out["ratio kip848 / no-op source, median small-batch trigger"] = round(
         statistics.median(triggers) / statistics.median(noop), 2
     )
+    for phase in ("latestOffset", "queryPlanning", "walCommit", "addBatch", "commitOffsets"):
+        k848 = statistics.median(p["durationMs"].get(phase, 0) for p in small_progress)
+        base = statistics.median(p["durationMs"].get(phase, 0) for p in noop_progress)
+        out[f"small batches, median {phase} ms: kip848 / no-op"] = f"{k848} / {base}"
     out["mean latestOffset ms (member poll + commit + watermarks)"] = round(
         statistics.mean(latest), 1
     )

@@ -250,11 +250,29 @@ def _data_loss(task: ReadTask, r: OffsetRange, message: str) -> None:
 
 
 def read_range(task: ReadTask) -> Iterator[pa.RecordBatch]:
-    """Yield the task's ranges as Arrow record batches in the Kafka source schema."""
+    """Yield the task's ranges as Arrow record batches in the Kafka source schema.
+
+    Small ranges of one task are combined into batches of up to ``arrow_batch_size``
+    rows: each batch costs Spark a round of Arrow IPC and JVM conversion.
+    """
     schema = arrow_schema(task.include_headers)
+    pending: list[pa.RecordBatch] = []
+    rows = 0
     for r in task.ranges:
-        if r.size > 0:
-            yield from _read_one(task, r, schema)
+        if r.size <= 0:
+            continue
+        for batch in _read_one(task, r, schema):
+            if rows + batch.num_rows > task.arrow_batch_size and pending:
+                yield _concat(pending)
+                pending, rows = [], 0
+            pending.append(batch)
+            rows += batch.num_rows
+    if pending:
+        yield _concat(pending)
+
+
+def _concat(batches: list[pa.RecordBatch]) -> pa.RecordBatch:
+    return batches[0] if len(batches) == 1 else pa.concat_batches(batches)
 
 
 def _read_one(task: ReadTask, r: OffsetRange, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
