@@ -38,6 +38,12 @@ R = TypeVar("R", bound=ResponsePayload)
 DEFAULT_MAX_FRAME_BYTES = 100 * 1024 * 1024
 API_VERSIONS_KEY = 18
 _LENGTH = struct.Struct(">i")
+_I64 = struct.Struct(">q")
+_SASL_AUTHENTICATE_KEY = 36
+# kio turns SaslAuthenticate's session_lifetime_ms into a timedelta and fails above this (its
+# microseconds overflow an int64). A broker sends up to Long.MAX_VALUE (e.g. a huge
+# connections.max.reauth.ms): that is "re-authenticate never", so larger values are clamped.
+MAX_SESSION_LIFETIME_MS = (2**63 - 1) // 1000
 
 
 class CorrelationIdMismatch(ProtocolError):
@@ -103,6 +109,8 @@ def decode_response(frame: bytes, response_type: type[R], expected_correlation_i
             f"{expected_correlation_id}"
         )
     name = response_type.__name__
+    if response_type.__api_key__ == _SASL_AUTHENTICATE_KEY and response_type.__version__ == 1:
+        frame = _clamp_session_lifetime(frame)
     try:
         _, offset = entity_reader(_response_header_type(response_type))(frame, 0)
         body, _ = entity_reader(response_type)(frame, offset)
@@ -113,6 +121,18 @@ def decode_response(frame: bytes, response_type: type[R], expected_correlation_i
     # Like the Java client, tolerate bytes after the body (some brokers, e.g. librdkafka's
     # mock, append an extra tag buffer); a body that does not parse is still an error.
     return body
+
+
+def _clamp_session_lifetime(frame: bytes) -> bytes:
+    """SaslAuthenticate v1 ends with session_lifetime_ms (int64, no tagged fields): clamp it
+    into the range the decoder represents (negative: 0, no re-authentication)."""
+    if len(frame) < 4 + 2 + 2 + 4 + 8:
+        return frame
+    (lifetime,) = _I64.unpack_from(frame, len(frame) - 8)
+    clamped = min(max(lifetime, 0), MAX_SESSION_LIFETIME_MS)
+    if clamped == lifetime:
+        return frame
+    return frame[:-8] + _I64.pack(clamped)
 
 
 def api_versions_error_code(frame: bytes) -> int:

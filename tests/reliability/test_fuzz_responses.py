@@ -5,6 +5,8 @@ domain types; the ApiVersions downgrade and the SASL exchanges survive arbitrary
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import datetime
 import io
 import struct
 from typing import Any
@@ -22,7 +24,11 @@ from kio.static.primitive import i32
 from consumer_sdk.errors import ProtocolError
 from consumer_sdk.protocol import messages as m
 from consumer_sdk.protocol.connection import _API_VERSIONS, BrokerConnection
-from consumer_sdk.protocol.framing import api_versions_error_code, decode_response
+from consumer_sdk.protocol.framing import (
+    MAX_SESSION_LIFETIME_MS,
+    api_versions_error_code,
+    decode_response,
+)
 from consumer_sdk.protocol.sasl import PlainClient, SaslError, ScramClient
 from consumer_sdk.protocol.security import ConnectionSettings
 
@@ -64,6 +70,27 @@ def test_every_parsed_response_type_is_covered() -> None:
     assert len(PARSED) >= 22
 
 
+def _as_decoded(response: Any) -> Any:
+    """What the decoder returns for ``response``: SaslAuthenticate's session lifetime is
+    clamped into [0, MAX_SESSION_LIFETIME_MS]."""
+    if not isinstance(response, SaslAuthenticateResponse):
+        return response
+    ms = response.session_lifetime // datetime.timedelta(milliseconds=1)
+    clamped = min(max(ms, 0), MAX_SESSION_LIFETIME_MS)
+    return dataclasses.replace(response, session_lifetime=datetime.timedelta(milliseconds=clamped))
+
+
+@pytest.mark.parametrize(
+    ("lifetime_ms", "expected_ms"),
+    [(0, 0), (3_600_000, 3_600_000), (-5, 0), (2**63 - 1, MAX_SESSION_LIFETIME_MS)],
+)
+def test_sasl_session_lifetime_of_any_int64_decodes(lifetime_ms: int, expected_ms: int) -> None:
+    """A broker may send up to Long.MAX_VALUE (connections.max.reauth.ms): still a response."""
+    body = struct.pack(">ihhiq", 7, 0, -1, 0, lifetime_ms)
+    decoded = decode_response(body, SaslAuthenticateResponse, 7)
+    assert decoded.session_lifetime == datetime.timedelta(milliseconds=expected_ms)
+
+
 @pytest.mark.parametrize(("response_type", "convert"), PARSED, ids=IDS)
 def test_arbitrary_bytes_raise_only_protocol_error(response_type: type[Any], convert: Any) -> None:
     @FUZZ
@@ -87,7 +114,7 @@ def test_well_formed_responses_round_trip_and_convert(
     @given(st.from_type(response_type), st.integers(0, 2**31 - 1), st.data())
     def run(response: Any, cid: int, data: st.DataObject) -> None:
         frame = frame_of(response, cid)
-        assert decode_response(frame, response_type, cid) == response
+        assert decode_response(frame, response_type, cid) == _as_decoded(response)
         if convert is not None:
             convert(response)
         # and every truncation of it is a ProtocolError (or still a value), nothing else
