@@ -400,6 +400,9 @@ class Consumer(GroupMember):
                 starts[p] = found.offset if found is not None else None
             else:
                 starts[p] = offset
+        with self._store_lock:
+            for p in given:
+                self._stored.pop(p, None)
         self._fetcher.assign(starts)
         self._manual.update(given)
         self._offsets.forget(set(given))
@@ -413,8 +416,10 @@ class Consumer(GroupMember):
                 self._async_commits.append((consumed, -1))
                 self._wake()
         self._fetcher.unassign(parts)
-        for p in parts:
-            self._manual.pop(p, None)
+        with self._store_lock:
+            for p in parts:
+                self._manual.pop(p, None)
+                self._stored.pop(p, None)
         self._offsets.forget(set(parts))
 
     def assign(self, partitions: Sequence[TopicPartition]) -> None:

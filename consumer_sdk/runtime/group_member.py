@@ -687,6 +687,11 @@ class GroupMember:
             self._async_commits.append((todo, self.member_epoch))
             self._wake()
             return None
+        if not todo and message is None and offsets is None:
+            # Nothing consumed (or stored) to commit: confluent-kafka raises too.
+            raise KafkaException(
+                KafkaError(KafkaError._NO_OFFSET, "Commit failed: Local: No offset stored")
+            )
         if timeout is None:
             timeout = self._config.connection.socket_timeout_ms / 1000
         committed = self._commit_with_retries(

@@ -441,3 +441,38 @@ def test_incremental_assign_in_on_assign_matches_confluent_kafka(
         assert ours == theirs == {0: 0, 1: 4, 2: 10}
     finally:
         _close(sdk, ref)
+
+
+def test_store_offsets_with_a_manual_assignment_matches_confluent_kafka(
+    embedded_kafka: EmbeddedKafka,
+) -> None:
+    """enable.auto.offset.store=false with assign(): stored offsets are what commit() sends;
+    unassigning drops them (a new assignment starts with none stored)."""
+    topic = "dropin-store"
+    embedded_kafka.create_topic(topic, partitions=1)
+    embedded_kafka.produce(topic, [f"v{i}".encode() for i in range(10)], partition=0)
+
+    def run(consumer: Any) -> list[Any]:
+        out: list[Any] = []
+        consumer.assign([TopicPartition(topic, 0, 0)])
+        _drain(consumer, _has({0: 5}), "5 records")
+        consumer.store_offsets(offsets=[TopicPartition(topic, 0, 3)])
+        out.append(_code(lambda: consumer.commit(asynchronous=False)))
+        out.append(consumer.committed([TopicPartition(topic, 0)])[0].offset)
+        consumer.unassign()
+        consumer.assign([TopicPartition(topic, 0, 0)])
+        _drain(consumer, _has({0: 2}), "2 records")
+        out.append(_code(lambda: consumer.commit(asynchronous=False)))
+        out.append(consumer.committed([TopicPartition(topic, 0)])[0].offset)
+        consumer.unassign()
+        return out
+
+    extra = {"enable_auto_commit": False, "enable_auto_offset_store": False}
+    sdk = Consumer(config(embedded_kafka, "dropin-store-sdk", **extra))
+    ref = _reference(embedded_kafka, "dropin-store-ref", **extra)
+    try:
+        ours, theirs = run(sdk), run(ref)
+        assert ours == theirs
+        assert ours[:2] == [None, 3] and ours[3] == 3
+    finally:
+        _close(sdk, ref)
