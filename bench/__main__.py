@@ -249,6 +249,13 @@ def main(argv: list[str] | None = None) -> int:
         "3-node Apache Kafka side by side (rewrites only that section)",
     )
     parser.add_argument("--kafka-home", default=None, help="for --broker real ($KAFKA_HOME)")
+    parser.add_argument(
+        "--only",
+        choices=("heartbeat",),
+        default=None,
+        help="re-run one benchmark and rewrite benchmarks.md with the other sections taken "
+        "from the previous full run (docs/benchmarks.json)",
+    )
     args = parser.parse_args(argv)
     if args.broker == "real":
         if not (args.kafka_home or os.environ.get("KAFKA_HOME")):
@@ -257,28 +264,38 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     from bench import convergence, heartbeat_cost, throughput
 
-    print("rebalance convergence ...", flush=True)
-    conv = convergence.run(args.quick)
-    print("consume throughput ...", flush=True)
-    thr = throughput.run(args.quick)
-    print("heartbeat cost ...", flush=True)
-    hb = heartbeat_cost.run(args.quick)
-    print("assignors (goal cases) ...", flush=True)
-    assign_rows = [] if args.quick else _assignor_goals()
     spark: dict[str, Any] | None = None
     spark_missing = ""
-    try:
-        import pyspark  # noqa: F401
-
-        from bench import spark_source  # type: ignore[attr-defined]
-    except ImportError as exc:
-        spark_missing = str(exc)
+    previous: dict[str, Any] = {}
+    if args.only is not None:
+        previous = json.loads((DOCS / "benchmarks.json").read_text())
+        conv, thr = previous["convergence"], previous["throughput"]
+        assign_rows, spark = previous["assignors"], previous["spark"]
+        if spark is None:
+            spark_missing = "not in the previous full run"
+        print("heartbeat cost ...", flush=True)
+        hb = heartbeat_cost.run(args.quick)
     else:
-        print("spark source ...", flush=True)
+        print("rebalance convergence ...", flush=True)
+        conv = convergence.run(args.quick)
+        print("consume throughput ...", flush=True)
+        thr = throughput.run(args.quick)
+        print("heartbeat cost ...", flush=True)
+        hb = heartbeat_cost.run(args.quick)
+        print("assignors (goal cases) ...", flush=True)
+        assign_rows = [] if args.quick else _assignor_goals()
         try:
-            spark = spark_source.run(args.quick)
-        except Exception as exc:  # recorded, not hidden
-            spark = {"error": f"{type(exc).__name__}: {exc}"}
+            import pyspark  # noqa: F401
+
+            from bench import spark_source  # type: ignore[attr-defined]
+        except ImportError as exc:
+            spark_missing = str(exc)
+        else:
+            print("spark source ...", flush=True)
+            try:
+                spark = spark_source.run(args.quick)
+            except Exception as exc:  # recorded, not hidden
+                spark = {"error": f"{type(exc).__name__}: {exc}"}
     (DOCS / "benchmarks.json").write_text(
         json.dumps(
             {
@@ -299,11 +316,21 @@ def main(argv: list[str] | None = None) -> int:
     lines = [
         "# Benchmarks",
         "",
-        f"<!-- written by `python -m bench{' --quick' if args.quick else ''}`; do not edit -->",
+        f"<!-- written by `python -m bench{' --quick' if args.quick else ''}"
+        f"{' --only ' + args.only if args.only else ''}`; do not edit -->",
         "",
         f"Run {datetime.date.today().isoformat()} on {_machine()}; {_versions()}. "
         f"Whole run: {wall / 60:.1f} min{' (quick variant)' if args.quick else ''}; load "
         f"average at the end {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} (1/5/15 min).",
+        *(
+            [
+                "",
+                f"This run re-measured only the {args.only} section (`--only {args.only}`); the "
+                "other sections are from the previous full run, kept in `benchmarks.json`.",
+            ]
+            if args.only
+            else []
+        ),
         "",
         "These machines are shared and noisy: read the **ratios**, each measured within one run.",
         "",
