@@ -396,6 +396,24 @@ def main(argv: list[str] | None = None) -> int:
         lines.append(f"| {row.get('runtime', 'threads')} | {row['members']} | {row['stable']} | "
                      f"{row['heartbeats_per_s']:.0f} | {row['cpu_core_fraction'] * 100:.1f}% | "
                      f"{row['cpu_us_per_heartbeat']:.0f} µs |")  # fmt: skip
+    def hb_row(runtime: str, members: int) -> dict[str, Any] | None:
+        found = [r for r in hb["rows"] if r.get("runtime", "threads") == runtime
+                 and r["members"] == members]  # fmt: skip
+        return found[-1] if found else None
+
+    goal_1000, goal_100 = hb_row("loop", 1000), hb_row("loop", 100)
+    if goal_1000 is not None and goal_100 is not None:
+        met_1000 = (goal_1000["stable"] == 1000
+                    and goal_1000["cpu_core_fraction"] < 0.20)  # fmt: skip
+        met_100 = goal_100["cpu_us_per_heartbeat"] <= 100
+        lines += [
+            "",
+            f"Goals, shared loop: 1,000 members all STABLE under 20% of a core: "
+            f"{'**met**' if met_1000 else '**missed**'} ({goal_1000['stable']} stable, "
+            f"{goal_1000['cpu_core_fraction'] * 100:.1f}% of a core); at most 100 µs of CPU per "
+            f"heartbeat at 100 members: {'**met**' if met_100 else '**missed**'} "
+            f"({goal_100['cpu_us_per_heartbeat']:.0f} µs, the application's polls included).",
+        ]
     lines += [
         "",
         "A row whose `stable` count is below `members` means this process could not keep that",
