@@ -78,11 +78,17 @@ class Group:
                 and all(p.owned for p in live)
             )
 
-    def wait_converged(self, timeout: float = 60.0) -> float:
+    def wait_converged(self, timeout: float = 120.0) -> float:
         deadline = time.monotonic() + timeout
         while not self.converged():
             if time.monotonic() > deadline:
-                raise TimeoutError(f"{self.kind}: no convergence within {timeout}s")
+                with self.lock:
+                    owned = [sorted(p.owned) for p in self.procs if p.alive]
+                    exited = [p.popen.returncode for p in self.procs if p.popen.poll() is not None]
+                raise TimeoutError(
+                    f"{self.kind}: no convergence within {timeout}s; live members own {owned}; "
+                    f"exit codes of exited members: {exited}"
+                )
             time.sleep(0.005)
         return time.monotonic()
 
@@ -178,7 +184,7 @@ def run_scenarios(
         joiner = g.spawn(1)
         t0 = g.wait_ready(joiner)
         restore = _failover(kafka, g.group)
-        failover = g.wait_converged(timeout=120) - t0
+        failover = g.wait_converged() - t0
         if restore is not None:
             restore()
         settle()
