@@ -19,6 +19,7 @@ from kio.static.primitive import i16, i32
 from kio.static.protocol import RequestPayload, ResponsePayload
 
 from consumer_sdk.errors import ProtocolError
+from consumer_sdk.protocol.frame_guard import FrameBoundsError, check_frame
 
 __all__ = [
     "API_VERSIONS_KEY",
@@ -111,8 +112,10 @@ def decode_response(frame: bytes, response_type: type[R], expected_correlation_i
     name = response_type.__name__
     if response_type.__api_key__ == _SASL_AUTHENTICATE_KEY and response_type.__version__ == 1:
         frame = _clamp_session_lifetime(frame)
+    header_type = _response_header_type(response_type)
+    _check_bounds(frame, header_type, response_type)
     try:
-        _, offset = entity_reader(_response_header_type(response_type))(frame, 0)
+        _, offset = entity_reader(header_type)(frame, 0)
         body, _ = entity_reader(response_type)(frame, offset)
     except Exception as exc:  # kio raises several decode and validation errors
         raise ProtocolError(
@@ -121,6 +124,18 @@ def decode_response(frame: bytes, response_type: type[R], expected_correlation_i
     # Like the Java client, tolerate bytes after the body (some brokers, e.g. librdkafka's
     # mock, append an extra tag buffer); a body that does not parse is still an error.
     return body
+
+
+def _check_bounds(frame: bytes, header_type: type[Any], body_type: type[Any]) -> None:
+    """Bounds-check every length prefix before kio's native readers see the frame: they
+    allocate an array from its claimed length up front, and a failed allocation aborts the
+    process instead of raising."""
+    try:
+        check_frame(frame, header_type, body_type)
+    except FrameBoundsError as exc:
+        raise FrameBoundsError(
+            f"cannot decode {body_type.__name__} v{body_type.__version__}: {exc}"
+        ) from None
 
 
 def _clamp_session_lifetime(frame: bytes) -> bytes:
@@ -148,6 +163,7 @@ def decode_api_versions_v0(frame: bytes) -> _ApiVersionsV0:
     A broker that does not support the requested ApiVersions version answers
     UNSUPPORTED_VERSION with a v0 body listing its ranges.
     """
+    _check_bounds(frame, ResponseHeaderV0, _ApiVersionsV0)
     try:
         _, offset = entity_reader(ResponseHeaderV0)(frame, 0)
         body, _ = entity_reader(_ApiVersionsV0)(frame, offset)
