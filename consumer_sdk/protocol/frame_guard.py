@@ -15,7 +15,6 @@ are one addition.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import struct
 from collections.abc import Callable
 from typing import Any
@@ -62,6 +61,10 @@ _I32 = struct.Struct(">i").unpack_from
 class FrameBoundsError(ProtocolError):
     """A length prefix or fixed-width field of a response runs past the end of its frame."""
 
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.detail = message
+
 
 def _truncated(where: str, need: int, pos: int, end: int) -> FrameBoundsError:
     return FrameBoundsError(f"{where}: needs {need} bytes, {max(end - pos, 0)} remain")
@@ -103,7 +106,11 @@ def _length_walker(flexible: bool, legacy_width: int, where: str) -> Walker:
     if flexible:
 
         def walk_compact(buf: bytes, pos: int, end: int) -> int:
-            n, pos = _uvarint(buf, pos, end, where)
+            if pos < end and buf[pos] < 0x80:
+                n = buf[pos]
+                pos += 1
+            else:
+                n, pos = _uvarint(buf, pos, end, where)
             if n > 1 and n - 1 > end - pos:  # n == 0: null, otherwise n - 1 bytes
                 raise FrameBoundsError(
                     f"{where}: length {n - 1} exceeds the {end - pos} bytes that remain"
@@ -127,8 +134,11 @@ def _length_walker(flexible: bool, legacy_width: int, where: str) -> Walker:
     return walk_legacy
 
 
-def _array_walker(flexible: bool, item: Walker, item_min: int, where: str) -> Walker:
+def _array_walker(flexible: bool, item: Walker | int, item_min: int, where: str) -> Walker:
+    """An array: its element count, then the elements (fixed-width ones skipped at once)."""
     item_min = max(item_min, 1)
+    if isinstance(item, int):
+        return _fixed_array_walker(flexible, item, where)
 
     def check(n: int, pos: int, end: int) -> None:
         if n * item_min > end - pos:
@@ -160,6 +170,45 @@ def _array_walker(flexible: bool, item: Walker, item_min: int, where: str) -> Wa
             check(n, pos, end)
             for _ in range(n):
                 pos = item(buf, pos, end)
+        return pos
+
+    return walk_legacy
+
+
+def _fixed_array_walker(flexible: bool, width: int, where: str) -> Walker:
+    def too_long(n: int, pos: int, end: int) -> FrameBoundsError:
+        return FrameBoundsError(
+            f"{where}: array of {n} elements needs {n * width} bytes, {max(end - pos, 0)} remain"
+        )
+
+    if flexible:
+
+        def walk_compact(buf: bytes, pos: int, end: int) -> int:
+            if pos < end and buf[pos] < 0x80:
+                n = buf[pos]
+                pos += 1
+            else:
+                n, pos = _uvarint(buf, pos, end, where)
+            if n > 1:
+                size = (n - 1) * width
+                if size > end - pos:
+                    raise too_long(n - 1, pos, end)
+                pos += size
+            return pos
+
+        return walk_compact
+
+    def walk_legacy(buf: bytes, pos: int, end: int) -> int:
+        if end - pos < 4:
+            raise _truncated(where, 4, pos, end)
+        (n,) = _I32(buf, pos)
+        pos += 4
+        if n < -1:
+            raise FrameBoundsError(f"{where}: negative array length {n}")
+        if n > 0:
+            if n * width > end - pos:
+                raise too_long(n, pos, end)
+            pos += n * width
         return pos
 
     return walk_legacy
@@ -201,8 +250,7 @@ def _field(
             return _primitive(get_schema_field_type(field), flexible, where)
         case PrimitiveTupleField():
             item, item_min = _primitive(get_schema_field_type(field), flexible, where)
-            item_walk = _fixed(item, where) if isinstance(item, int) else item
-            return _array_walker(flexible, item_walk, item_min, where), 1 if flexible else 4
+            return _array_walker(flexible, item, item_min, where), 1 if flexible else 4
         case EntityField(inner_type):
             inner, inner_min = _entity_plan(inner_type)
             if optional:
@@ -218,6 +266,8 @@ def _tagged_section(name: str, tagged: dict[int, tuple[Walker, str]]) -> Walker:
     where = f"{name} tagged fields"
 
     def walk(buf: bytes, pos: int, end: int) -> int:
+        if pos < end and buf[pos] == 0:  # the common case: no tagged fields
+            return pos + 1
         count, pos = _uvarint(buf, pos, end, where)
         if count * 2 > end - pos:  # each needs at least a tag and a size byte
             raise FrameBoundsError(
@@ -245,8 +295,18 @@ def _tagged_section(name: str, tagged: dict[int, tuple[Walker, str]]) -> Walker:
     return walk
 
 
-@functools.cache
+_PLANS: dict[type[Any], tuple[Walker, int]] = {}
+
+
 def _entity_plan(entity_type: type[Any]) -> tuple[Walker, int]:
+    """The cached (walker, minimal encoded size) of an entity type."""
+    plan = _PLANS.get(entity_type)
+    if plan is None:
+        plan = _PLANS[entity_type] = _build_plan(entity_type)
+    return plan
+
+
+def _build_plan(entity_type: type[Any]) -> tuple[Walker, int]:
     steps: list[Walker | int] = []
     minimum = 0
     tagged: dict[int, tuple[Walker, str]] = {}
@@ -269,21 +329,24 @@ def _entity_plan(entity_type: type[Any]) -> tuple[Walker, int]:
 
 
 def _compile(name: str, steps: list[Walker | int]) -> Walker:
-    plan = tuple(steps)
-    if all(isinstance(s, int) for s in plan):
-        return _fixed(sum(plan), f"{name} fields")  # type: ignore[arg-type]
-    where = f"{name} fixed-width fields"
-
-    def walk(buf: bytes, pos: int, end: int) -> int:
-        for step in plan:
-            if step.__class__ is int:
-                pos += step  # type: ignore[operator]
-                if pos > end:
-                    raise FrameBoundsError(f"{where}: frame ends {pos - end} bytes early")
-            else:
-                pos = step(buf, pos, end)  # type: ignore[operator]
-        return pos
-
+    """One straight-line function for an entity's steps (no per-step loop or type test)."""
+    if all(isinstance(s, int) for s in steps):
+        return _fixed(sum(steps), f"{name} fields")  # type: ignore[arg-type]
+    lines = ["def walk(buf, pos, end):"]
+    env: dict[str, Any] = {"FrameBoundsError": FrameBoundsError, "where": f"{name} fields"}
+    for i, step in enumerate(steps):
+        if isinstance(step, int):
+            lines += [
+                f"    pos += {step}",
+                "    if pos > end:",
+                "        raise FrameBoundsError(f'{where}: frame ends {pos - end} bytes early')",
+            ]
+        else:
+            env[f"s{i}"] = step
+            lines.append(f"    pos = s{i}(buf, pos, end)")
+    lines.append("    return pos")
+    exec("\n".join(lines), env)  # the source is built above from integers and step names
+    walk: Walker = env["walk"]
     return walk
 
 
@@ -295,5 +358,7 @@ def entity_walker(entity_type: type[Any]) -> Walker:
 def check_frame(frame: bytes, header_type: type[Any], body_type: type[Any]) -> None:
     """Raise `FrameBoundsError` unless every length in ``frame`` (header then body) fits."""
     end = len(frame)
-    pos = _entity_plan(header_type)[0](frame, 0, end)
-    _entity_plan(body_type)[0](frame, pos, end)
+    plans = _PLANS
+    header = plans.get(header_type) or _entity_plan(header_type)
+    body = plans.get(body_type) or _entity_plan(body_type)
+    body[0](frame, header[0](frame, 0, end), end)

@@ -134,7 +134,7 @@ def _check_bounds(frame: bytes, header_type: type[Any], body_type: type[Any]) ->
         check_frame(frame, header_type, body_type)
     except FrameBoundsError as exc:
         raise FrameBoundsError(
-            f"cannot decode {body_type.__name__} v{body_type.__version__}: {exc}"
+            f"cannot decode {body_type.__name__} v{body_type.__version__}: {exc.detail}"
         ) from None
 
 
