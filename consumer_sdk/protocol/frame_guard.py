@@ -58,6 +58,11 @@ _I16 = struct.Struct(">h").unpack_from
 _I32 = struct.Struct(">i").unpack_from
 
 
+# Walkers whose common case _compile inlines: "cstr" (compact string or bytes whose length
+# fits one varint byte) and "tags" (an empty tagged-field section); the walker is the fallback.
+_INLINE: dict[Walker, str] = {}
+
+
 class FrameBoundsError(ProtocolError):
     """A length prefix or fixed-width field of a response runs past the end of its frame."""
 
@@ -117,6 +122,7 @@ def _length_walker(flexible: bool, legacy_width: int, where: str) -> Walker:
                 )
             return pos + n - 1 if n else pos
 
+        _INLINE[walk_compact] = "cstr"
         return walk_compact
     unpack = _I16 if legacy_width == 2 else _I32
 
@@ -292,6 +298,7 @@ def _tagged_section(name: str, tagged: dict[int, tuple[Walker, str]]) -> Walker:
             pos = stop
         return pos
 
+    _INLINE[walk] = "tags"
     return walk
 
 
@@ -341,8 +348,30 @@ def _compile(name: str, steps: list[Walker | int]) -> Walker:
                 "    if pos > end:",
                 "        raise FrameBoundsError(f'{where}: frame ends {pos - end} bytes early')",
             ]
+            continue
+        env[f"s{i}"] = step
+        kind = _INLINE.get(step)
+        if kind == "cstr":  # 0: null, 1: empty, n < 0x80: n - 1 bytes follow
+            lines += [
+                "    if pos < end and buf[pos] < 0x80:",
+                "        n = buf[pos]",
+                "        if n <= 1:",
+                "            pos += 1",
+                "        elif n <= end - pos:",
+                "            pos += n",
+                "        else:",
+                f"            pos = s{i}(buf, pos, end)",
+                "    else:",
+                f"        pos = s{i}(buf, pos, end)",
+            ]
+        elif kind == "tags":
+            lines += [
+                "    if pos < end and buf[pos] == 0:",
+                "        pos += 1",
+                "    else:",
+                f"        pos = s{i}(buf, pos, end)",
+            ]
         else:
-            env[f"s{i}"] = step
             lines.append(f"    pos = s{i}(buf, pos, end)")
     lines.append("    return pos")
     exec("\n".join(lines), env)  # the source is built above from integers and step names
