@@ -132,8 +132,15 @@ def _close(entry: _Cached) -> None:
         log.debug("closing a cached consumer failed: %s", exc)
 
 
+def _pool_key(config: tuple[tuple[str, str], ...]) -> str:
+    """Consumers are shared by every query of the worker with the same connection settings:
+    they only read assigned ranges (no group membership, no commits), so the group and
+    client ids, which differ per query, do not matter."""
+    return json.dumps([kv for kv in config if kv[0] not in ("group.id", "client.id")])
+
+
 def _checkout(config: tuple[tuple[str, str], ...], topic: str, partition: int) -> _Cached:
-    key = (json.dumps(config), topic, partition)
+    key = (_pool_key(config), topic, partition)
     stale: list[_Cached] = []
     with _lock:
         now = time.monotonic()
@@ -150,8 +157,9 @@ def _checkout(config: tuple[tuple[str, str], ...], topic: str, partition: int) -
 def _checkin(config: tuple[tuple[str, str], ...], topic: str, partition: int, e: _Cached) -> None:
     e.last_used = time.monotonic()
     with _lock:
-        old = _cache.pop((json.dumps(config), topic, partition), None)
-        _cache[(json.dumps(config), topic, partition)] = e
+        key = (_pool_key(config), topic, partition)
+        old = _cache.pop(key, None)
+        _cache[key] = e
     if old is not None and old is not e:
         _close(old)
 

@@ -242,24 +242,28 @@ def split_ranges(ranges: Iterable[OffsetRange], min_partitions: int | None) -> l
 
 
 def pack_tasks(ranges: Iterable[OffsetRange], rows_per_task: int) -> list[list[OffsetRange]]:
-    """Group ranges into Spark tasks of up to ``rows_per_task`` records each.
+    """Group ranges into ``ceil(total / rows_per_task)`` Spark tasks of balanced size.
 
     Spark charges a Python source per input partition (task launch, worker round trip,
     Arrow stream), so a small batch over many Kafka partitions is read by one task, not one
-    per partition. A range larger than the budget is its own task (split it beforehand with
-    ``split_ranges``). First-fit decreasing keeps the task count near the minimum.
+    per partition; a large batch gets as many tasks as its size asks for, splitting ranges
+    when there are fewer ranges than tasks. Ranges go largest first to the least loaded
+    task (LPT), so tasks end up within one range of each other.
     """
-    tasks: list[list[OffsetRange]] = []
-    sizes: list[int] = []
-    for r in sorted((r for r in ranges if r.size > 0), key=lambda r: (-r.size, r)):
-        for i, used in enumerate(sizes):
-            if used + r.size <= rows_per_task:
-                tasks[i].append(r)
-                sizes[i] += r.size
-                break
-        else:
-            tasks.append([r])
-            sizes.append(r.size)
+    ranges = [r for r in ranges if r.size > 0]
+    total = sum(r.size for r in ranges)
+    if not ranges:
+        return []
+    count = max(math.ceil(total / rows_per_task), 1)
+    if count > len(ranges):
+        ranges = split_by_size(ranges, math.ceil(total / count))
+    count = min(count, len(ranges))
+    tasks: list[list[OffsetRange]] = [[] for _ in range(count)]
+    loads = [0] * count
+    for r in sorted(ranges, key=lambda r: (-r.size, r)):
+        i = loads.index(min(loads))
+        tasks[i].append(r)
+        loads[i] += r.size
     return [sorted(t) for t in tasks]
 
 

@@ -113,8 +113,9 @@ KIP848_OPTIONS: tuple[OptionInfo, ...] = (
     OptionInfo(
         "rowsPerTask",
         "supported",
-        "records per Spark task: small batches over many partitions are read by few "
-        "tasks (default 50000)",
+        "records per Spark task: a batch is read by ceil(records / rowsPerTask) "
+        "balanced tasks, so small batches over many partitions take one task "
+        "(default 20000)",
     ),
     OptionInfo("arrowBatchSize", "supported", "rows per Arrow batch from a task (10000)"),
     OptionInfo("eventLog", "supported", "JSON-lines file of the member's events"),
@@ -230,7 +231,7 @@ class SourceOptions:
     max_trigger_delay_ms: int = 15 * 60_000
     min_partitions: int | None = None
     max_records_per_partition: int | None = None
-    rows_per_task: int = 50_000
+    rows_per_task: int = 20_000
     fail_on_data_loss: bool = True
     include_headers: bool = False
     poll_timeout_ms: int = 120_000
@@ -356,7 +357,7 @@ class SourceOptions:
             max_trigger_delay_ms=delay,
             min_partitions=_int(options, "minpartitions", None, 1),
             max_records_per_partition=_int(options, "maxrecordsperpartition", None, 1),
-            rows_per_task=_int(options, "rowspertask", 50_000, 1) or 50_000,
+            rows_per_task=_int(options, "rowspertask", 20_000, 1) or 20_000,
             fail_on_data_loss=_bool(options, "failondataloss", True),
             include_headers=_bool(options, "includeheaders", False),
             poll_timeout_ms=_int(options, "kafkaconsumer.polltimeoutms", 120_000, 1) or 120_000,

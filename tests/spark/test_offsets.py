@@ -250,11 +250,15 @@ def test_pack_tasks_and_split_by_size() -> None:
     from spark_integration.offsets import pack_tasks, split_by_size
 
     small = [OffsetRange("t", p, 0, 80 + p) for p in range(12)]
-    assert [len(t) for t in pack_tasks(small, 50_000)] == [12]
-    big = [OffsetRange("t", p, 0, 40_000) for p in range(4)]
-    assert [len(t) for t in pack_tasks(big, 50_000)] == [1, 1, 1, 1]
-    mixed = pack_tasks(small + big, 50_000)
-    assert sorted(r for t in mixed for r in t) == sorted(small + big)
-    assert all(sum(r.size for r in t) <= 50_000 for t in mixed) and len(mixed) == 4
+    assert [len(t) for t in pack_tasks(small, 20_000)] == [12]
+    big = [OffsetRange("t", p, 0, 15_000) for p in range(4)]  # 60k rows: 3 balanced tasks
+    tasks = pack_tasks(big, 20_000)
+    assert sorted(sum(r.size for r in t) for t in tasks) == [15_000, 15_000, 30_000]
+    one = pack_tasks([OffsetRange("t", 0, 0, 100_000)], 20_000)  # split: 5 tasks of 20k
+    assert [[(r.from_offset, r.until_offset)] for t in one for r in t] == [
+        [(i * 20_000, (i + 1) * 20_000)] for i in range(5)
+    ]
+    mixed = pack_tasks(small + big, 20_000)
+    assert sorted(r for t in mixed for r in t) == sorted(small + big) and len(mixed) == 4
     parts = split_by_size([OffsetRange("t", 0, 5, 30)], 10)
     assert [(r.from_offset, r.until_offset) for r in parts] == [(5, 15), (15, 25), (25, 30)]
