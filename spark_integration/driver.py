@@ -188,6 +188,7 @@ class GroupReader:
         self._gone: set[Partition] = set()  # deleted, reported (failOnDataLoss=false)
         self._last_trigger = time.monotonic()  # maxTriggerDelay counts from the start
         self._callback_error: Exception | None = None
+        self._waited = False
         self._closed = False
         self._joined = False
         self._watcher: threading.Thread | None = None
@@ -411,7 +412,14 @@ class GroupReader:
             self._restarted = True  # resumed from a checkpoint: initialOffset never called
         self._learn(begin)
         member = self._ensure_member(wait=True)
-        self._mark_durable(begin)
+        if begin.positions and not self._owned and not self._waited and self.options.membership:
+            # Resumed from a checkpoint while the previous run's member (not left) may hold
+            # the partitions until its session expires: wait for an assignment once, or
+            # AvailableNow would end at once with nothing read.
+            self._waited = True
+            deadline = time.monotonic() + self.options.join_timeout_ms / 1000
+            while not self._owned and time.monotonic() < deadline:
+                self._poll(member, 0.2)
         self._commit_durable(member)
         self._poll(member)
         froms: dict[Partition, int] = {}

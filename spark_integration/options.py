@@ -123,7 +123,8 @@ KIP848_OPTIONS: tuple[OptionInfo, ...] = (
         "closeCommitWaitMs",
         "supported",
         "on stop: how long to wait for the last batch to be reported durable so its "
-        "offsets can be committed (Trigger.Once; default 5000)",
+        "offsets can be committed (Trigger.Once; default 500: Spark may kill the "
+        "process soon after stopping it, and leaving the group matters more)",
     ),
 )
 
@@ -238,7 +239,7 @@ class SourceOptions:
     fetch_retries: int = 3
     fetch_retry_interval_ms: int = 10
     join_timeout_ms: int = 60_000
-    close_commit_wait_ms: int = 5_000
+    close_commit_wait_ms: int = 500
     arrow_batch_size: int = 10_000
     event_log: str | None = None
     client_group_prefix: str = "spark-kip848"
@@ -364,7 +365,7 @@ class SourceOptions:
             fetch_retries=_int(options, "fetchoffset.numretries", 3, 0) or 0,
             fetch_retry_interval_ms=_int(options, "fetchoffset.retryintervalms", 10, 0) or 0,
             join_timeout_ms=_int(options, "jointimeoutms", 60_000, 0) or 0,
-            close_commit_wait_ms=_int(options, "closecommitwaitms", 5_000, 0) or 0,
+            close_commit_wait_ms=_int(options, "closecommitwaitms", 500, 0) or 0,
             arrow_batch_size=_int(options, "arrowbatchsize", 10_000, 1) or 10_000,
             event_log=options.get("eventlog"),
             client_group_prefix=_client_prefix(group_id, prefix),

@@ -174,7 +174,8 @@ def test_available_now_is_exactly_once_across_runs(
 
     def run(stop_early: bool) -> None:
         df = stream(spark, real_kafka, subscribe=topic, startingOffsets="earliest",
-                    maxOffsetsPerTrigger=100, **{"group.id": group})  # fmt: skip
+                    maxOffsetsPerTrigger=100, eventLog=str(tmp_path / "events.jsonl"),
+                    **{"group.id": group})  # fmt: skip
         query = (df.select("topic", "partition", "offset").writeStream.format("parquet")
                  .option("path", str(out)).option("checkpointLocation", ck)
                  .trigger(availableNow=True).start())  # fmt: skip
@@ -185,6 +186,8 @@ def test_available_now_is_exactly_once_across_runs(
         else:
             assert query.awaitTermination(180)
         assert query.exception() is None
+        progress.append([(p["batchId"], p["numInputRows"], p["sources"][0]["startOffset"],
+                          p["sources"][0]["endOffset"]) for p in query.recentProgress])  # fmt: skip
 
     def sink() -> list[Record]:
         try:
@@ -192,11 +195,14 @@ def test_available_now_is_exactly_once_across_runs(
         except AnalysisException:
             return []
 
+    progress: list[Any] = []
     run(stop_early=True)  # on a fast machine the run may also have finished: both are fine
     produce(real_kafka, topic, 3, 50, "b")
     run(stop_early=False)
     got = sink()
-    assert len(got) == len(set(got)) == 750, "loss or duplicate across the runs"
+    assert len(got) == len(set(got)) == 750, f"loss or duplicate across the runs: {progress}"
+    kinds = [e["kind"] for e in events(tmp_path / "events.jsonl")]
+    assert kinds.count("left") == 2, kinds  # the stopped first run left the group
     assert set(got) == all_records(real_kafka, topic, 3)
     ends = high_watermarks(real_kafka, topic, 3)
     wait_for(lambda: committed(real_kafka, group, topic, 3) == ends, 30,
