@@ -420,6 +420,7 @@ class GroupReader:
             deadline = time.monotonic() + self.options.join_timeout_ms / 1000
             while not self._owned and time.monotonic() < deadline:
                 self._poll(member, 0.2)
+        self._mark_durable(begin)
         self._commit_durable(member)
         self._poll(member)
         froms: dict[Partition, int] = {}
