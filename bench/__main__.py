@@ -126,9 +126,11 @@ def _run_real(args: argparse.Namespace) -> int:
         "Each convergence step waits for the members' next heartbeats (500 ms apart), so single "
         "runs of either client vary by up to an interval per step; on the real cluster the "
         "failover also waits for the broker to move `__consumer_offsets` leadership and load "
-        "the group (heartbeats answered NOT_COORDINATOR, then COORDINATOR_LOAD_IN_PROGRESS, "
-        "for both clients alike). Compare the per-run values below before reading a ratio "
-        "from few repeats.",
+        "the group (the SDK's heartbeat trace shows NOT_COORDINATOR for 0.2-0.6 s, then "
+        "COORDINATOR_LOAD_IN_PROGRESS), and whichever client's first heartbeat to the new "
+        "coordinator lands after the other members' revocations gets its partitions one "
+        "interval earlier. Compare the per-run values below before reading a ratio from few "
+        "repeats; throughput pairs on this shared machine vary several-fold (see the JSON).",
     ]
     lines += ["", "Every run of each case (seconds, in run order):", ""]
     for label, conv in (("mock", mc), ("real", rc)):
