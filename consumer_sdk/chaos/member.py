@@ -13,6 +13,7 @@ Commit policy: synchronous commits after processing each batch (``enable.auto.co
 off). A batch's records are logged and flushed to the OS before its commit, so a record that
 is committed was always logged first; a record processed but not committed (the process was
 killed, or fenced, before its commit) may be processed again by the next owner.
+A failed commit is retried with the next batch, or after a second without records.
 ``on_revoke`` retries the commit of processed-but-uncommitted offsets of the revoked
 partitions before it returns. SIGTERM makes the loop stop and ``close()`` the consumer.
 """
@@ -74,6 +75,7 @@ class ChaosMember:
         self.stop = threading.Event()
         # partition -> next offset processed but not yet committed
         self.pending: dict[Partition, int] = {}
+        self._last_commit = 0.0
         self.consumer: Any = None
 
     # -- consumer construction --------------------------------------------------------------
@@ -143,6 +145,7 @@ class ChaosMember:
     def _commit(self, offsets: dict[Partition, int]) -> bool:
         from confluent_kafka import KafkaException, TopicPartition
 
+        self._last_commit = time.monotonic()
         tps = [TopicPartition(self.topic, p, o) for p, o in sorted(offsets.items())]
         try:
             self.consumer.commit(offsets=tps, asynchronous=False)
@@ -193,6 +196,9 @@ class ChaosMember:
                 if batch:
                     self.log.flush()  # processed before committed
                     self.pending.update(batch)
+                    self._commit(dict(self.pending))
+                elif self.pending and time.monotonic() - self._last_commit >= 1.0:
+                    # a failed commit is retried even when no more records come
                     self._commit(dict(self.pending))
         finally:
             started = time.monotonic()
