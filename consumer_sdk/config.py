@@ -25,6 +25,7 @@ from pydantic import (
 )
 
 from consumer_sdk.errors import ConfigError
+from consumer_sdk.membership.config import MembershipConfig
 from consumer_sdk.protocol.security import (
     ConnectionSettings,
     parse_bool,
@@ -280,6 +281,20 @@ class ConsumerConfig(BaseModel):
                     raise ValueError("expected an integer")
                 return int(value)
         return value
+
+    def membership_config(self) -> MembershipConfig:
+        """What the membership core needs of this configuration."""
+        return MembershipConfig(
+            group_id=self.group_id,
+            group_instance_id=self.group_instance_id,
+            client_rack=self.client_rack,
+            remote_assignor=self.group_remote_assignor,
+            rebalance_timeout_ms=self.max_poll_interval_ms,
+            auto_commit=self.enable_auto_commit,
+            retry_backoff_ms=self.retry_backoff_ms,
+            retry_backoff_max_ms=self.retry_backoff_max_ms,
+            client_id=self.client_id,
+        )
 
     def fetcher_config(self) -> dict[str, Any]:
         """Settings for the assign-only ``confluent_kafka.Consumer`` data plane."""

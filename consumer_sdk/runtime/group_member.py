@@ -43,7 +43,6 @@ from consumer_sdk.membership import (
     FailureKind,
     GroupMembership,
     LeaveCompleted,
-    MembershipConfig,
     MemberState,
     Poll,
     StateChanged,
@@ -128,17 +127,7 @@ class GroupMember:
         self._state_since_ms = _now_ms()
         self._last_transition_reason = ""
         self._core = GroupMembership(
-            MembershipConfig(
-                group_id=c.group_id,
-                group_instance_id=c.group_instance_id,
-                client_rack=c.client_rack,
-                remote_assignor=c.group_remote_assignor,
-                rebalance_timeout_ms=c.max_poll_interval_ms,
-                auto_commit=c.enable_auto_commit,
-                retry_backoff_ms=c.retry_backoff_ms,
-                retry_backoff_max_ms=c.retry_backoff_max_ms,
-                client_id=c.client_id,
-            ),
+            c.membership_config(),
             on_state_change=self._on_state_change,
         )
         self._offsets = OffsetManager(

@@ -38,7 +38,6 @@ from consumer_sdk.membership import (
     Failure,
     FailureKind,
     GroupMembership,
-    MembershipConfig,
     MemberState,
     Poll,
 )
@@ -155,17 +154,7 @@ class MemberNetwork:
         self._bootstrap_index = 0
         self._rng = rng or random.Random()
         self.core = GroupMembership(
-            MembershipConfig(
-                group_id=c.group_id,
-                group_instance_id=c.group_instance_id,
-                client_rack=c.client_rack,
-                remote_assignor=c.group_remote_assignor,
-                rebalance_timeout_ms=c.max_poll_interval_ms,
-                auto_commit=c.enable_auto_commit,
-                retry_backoff_ms=c.retry_backoff_ms,
-                retry_backoff_max_ms=c.retry_backoff_max_ms,
-                client_id=c.client_id,
-            ),
+            c.membership_config(),
             rng=self._rng,
         )
 
