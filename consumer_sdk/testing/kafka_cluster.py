@@ -250,8 +250,15 @@ def _free_ports(count: int) -> list[int]:
 
 
 def _kafka_uuid() -> str:
-    """A random Kafka ``Uuid`` string (URL-safe base64, no padding), e.g. a cluster id."""
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+    """A random Kafka ``Uuid`` string (URL-safe base64, no padding), e.g. a cluster id.
+
+    Never one starting with ``-`` (as Kafka's own ``Uuid.randomUuid``): the storage tool's
+    argument parser would read it as an option (``--cluster-id: expected one argument``).
+    """
+    while True:
+        text = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        if not text.startswith("-"):
+            return text
 
 
 # -- process bookkeeping ----------------------------------------------------------------------
