@@ -202,7 +202,11 @@ def test_available_now_is_exactly_once_across_runs(
     got = sink()
     assert len(got) == len(set(got)) == 750, f"loss or duplicate across the runs: {progress}"
     kinds = [e["kind"] for e in events(tmp_path / "events.jsonl")]
-    assert kinds.count("left") == 2, kinds  # the stopped first run left the group
+    # The finished run left the group. The stopped one leaves too unless query.stop() lands
+    # while Spark plans a batch: Spark then interrupts the planner (ClosedByInterruptException)
+    # and ends the reader process before it can leave (docs/spark.md: its partitions wait one
+    # session timeout); exactly-once above holds either way.
+    assert 1 <= kinds.count("left") <= 2, kinds
     assert set(got) == all_records(real_kafka, topic, 3)
     ends = high_watermarks(real_kafka, topic, 3)
     wait_for(lambda: committed(real_kafka, group, topic, 3) == ends, 30,
