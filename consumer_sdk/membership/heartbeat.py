@@ -11,16 +11,18 @@ request back to match it).
 from __future__ import annotations
 
 import enum
+import logging
 import math
 import random
 from dataclasses import dataclass
 
 from consumer_sdk.domain import HeartbeatRequest, HeartbeatResponse
 from consumer_sdk.error_codes import ErrorCode
+from consumer_sdk.membership._log import LOGGER
 from consumer_sdk.membership.manager import MembershipManager
 from consumer_sdk.membership.metrics import MembershipMetrics
 from consumer_sdk.membership.reconciler import LocalAssignment
-from consumer_sdk.membership.state import MemberState
+from consumer_sdk.membership.state import HEARTBEAT_NOW, LEAVING_STATES, NOT_IN_GROUP, MemberState
 
 S = MemberState
 E = ErrorCode
@@ -189,6 +191,7 @@ class HeartbeatRequestManager:
         )
         self._sent = _SentFields()
         self._in_flight: list[_InFlight] = []
+        self._regular_count = 0  # REGULAR heartbeats in ``_in_flight``
         self._coordinator_known = False
         self._poll_deadline_ms: int | None = None
 
@@ -215,7 +218,7 @@ class HeartbeatRequestManager:
         return len(self._in_flight)
 
     def _regular_in_flight(self) -> bool:
-        return any(r.kind is _Kind.REGULAR for r in self._in_flight)
+        return self._regular_count > 0
 
     # ------------------------------------------------------------------------------------------
     # Coordinator and poll timer
@@ -246,14 +249,16 @@ class HeartbeatRequestManager:
     def poll(self, now_ms: int) -> PollResult:
         """The heartbeat to send now, if any, and the time until the next call."""
         m = self._m
-        if m.state is S.FATAL:
+        state = m.state
+        if state is S.FATAL:
             return PollResult(None, self.time_until_next_poll(now_ms))
-        if not self._coordinator_known or m.should_skip_heartbeat():
+        if not self._coordinator_known or state in NOT_IN_GROUP:
             if not self._coordinator_known:
                 m.on_heartbeat_request_skipped(now_ms, "coordinator unknown")
             return PollResult(None, self.time_until_next_poll(now_ms))
 
-        if self.poll_timer_expired(now_ms) and not m.is_leaving():
+        deadline = self._poll_deadline_ms
+        if deadline is not None and now_ms >= deadline and state not in LEAVING_STATES:
             m.log.warning(
                 "Consumer poll timeout expired: the time between poll() calls exceeded "
                 "max.poll.interval.ms (%d ms). Leaving the group; the member rejoins on the "
@@ -267,7 +272,7 @@ class HeartbeatRequestManager:
             self._sent = _SentFields()
             return PollResult(request, self.time_until_next_poll(now_ms))
 
-        if m.state is S.LEAVING:
+        if state is S.LEAVING:
             if m.leave_epoch() is None:
                 m.on_heartbeat_request_skipped(now_ms, "close option REMAIN_IN_GROUP")
                 return PollResult(None, self.time_until_next_poll(now_ms))
@@ -275,32 +280,31 @@ class HeartbeatRequestManager:
             request = self._send(now_ms, _Kind.LEAVE)
             return PollResult(request, self.time_until_next_poll(now_ms))
 
-        if self._can_send(now_ms):
+        if self._can_send(now_ms, state):
             request = self._send(now_ms, _Kind.REGULAR)
             return PollResult(request, self.time_until_next_poll(now_ms))
         return PollResult(None, self.time_until_next_poll(now_ms))
 
-    def _can_send(self, now_ms: int) -> bool:
+    def _can_send(self, now_ms: int, state: MemberState) -> bool:
         if self._regular_in_flight():
             return False
-        if self._m.should_heartbeat_now():
-            return self._timing.failure_backoff_remaining(now_ms) == 0
-        return (
-            self._timing.interval_remaining(now_ms) == 0
-            and self._timing.backoff_remaining(now_ms) == 0
-        )
+        timing = self._timing
+        if state in HEARTBEAT_NOW:
+            return timing.failure_backoff_remaining(now_ms) == 0
+        return timing.interval_remaining(now_ms) == 0 and timing.backoff_remaining(now_ms) == 0
 
     def time_until_next_poll(self, now_ms: int) -> int:
         """How long the host may wait before calling `poll` again."""
-        m = self._m
-        idle = max(self._timing.interval_ms, self._cfg.retry_backoff_max_ms)
-        if m.state is S.FATAL or m.should_skip_heartbeat():
+        state = self._m.state
+        timing = self._timing
+        idle = max(timing.interval_ms, self._cfg.retry_backoff_max_ms)
+        if state in NOT_IN_GROUP:  # FATAL included
             return idle
         if not self._coordinator_known:
-            return 0 if m.state is S.LEAVING else idle
-        if m.state is S.LEAVING:
+            return 0 if state is S.LEAVING else idle
+        if state is S.LEAVING:
             return 0
-        if self._poll_deadline_ms is not None and not m.is_leaving():
+        if self._poll_deadline_ms is not None and state not in LEAVING_STATES:
             poll_remaining = self._poll_deadline_ms - now_ms
             if poll_remaining <= 0:
                 return 0
@@ -308,12 +312,10 @@ class HeartbeatRequestManager:
             poll_remaining = None
         if self._regular_in_flight():
             wait = idle  # the response wakes the host up
-        elif m.should_heartbeat_now():
-            wait = self._timing.failure_backoff_remaining(now_ms)
+        elif state in HEARTBEAT_NOW:
+            wait = timing.failure_backoff_remaining(now_ms)
         else:
-            wait = max(
-                self._timing.interval_remaining(now_ms), self._timing.backoff_remaining(now_ms)
-            )
+            wait = max(timing.interval_remaining(now_ms), timing.backoff_remaining(now_ms))
         if poll_remaining is not None:
             wait = min(wait, (poll_remaining + 1) // 2)
         return wait
@@ -326,9 +328,12 @@ class HeartbeatRequestManager:
         m = self._m
         request = self._build() if kind is _Kind.REGULAR else self._build_plain()
         self._in_flight.append(_InFlight(request, kind, now_ms, m.generation))
+        if kind is _Kind.REGULAR:
+            self._regular_count += 1
         self._timing.on_send(now_ms)
         self._metrics.record_heartbeat_sent(now_ms)
-        m.log.debug("Sending %s heartbeat %s", kind.value, request)
+        if LOGGER.isEnabledFor(logging.DEBUG):
+            m.log.debug("Sending %s heartbeat %s", kind.value, request)
         m.on_heartbeat_request_generated(now_ms)
         if kind is not _Kind.REGULAR:
             self._sent = _SentFields()
@@ -351,8 +356,9 @@ class HeartbeatRequestManager:
         sent = self._sent
         full = m.state is S.JOINING
         current = m.current_assignment
+        assignment_changed = sent.assignment is not current and sent.assignment != current
 
-        if not full and sent.assignment != current and m.holds_unacked_partitions:
+        if not full and assignment_changed and m.holds_unacked_partitions:
             # TopicPartitions would be the acked set, which lacks partitions the member holds
             # mid-reconciliation. The coordinator reads a missing partition as released (a
             # revocation ack) and may hand it to another member while this one is about to
@@ -383,7 +389,7 @@ class HeartbeatRequestManager:
 
         # TopicPartitions is the ack: sent on join and whenever the local assignment changes.
         topic_partitions = None
-        if full or sent.assignment != current:
+        if full or assignment_changed:
             topic_partitions = current.to_wire()
             sent.assignment = current
 
@@ -409,6 +415,12 @@ class HeartbeatRequestManager:
     # ------------------------------------------------------------------------------------------
 
     def _pop(self, request: HeartbeatRequest | None) -> _InFlight | None:
+        record = self._take(request)
+        if record is not None and record.kind is _Kind.REGULAR:
+            self._regular_count -= 1
+        return record
+
+    def _take(self, request: HeartbeatRequest | None) -> _InFlight | None:
         if request is not None:
             for i, record in enumerate(self._in_flight):
                 if record.request is request:

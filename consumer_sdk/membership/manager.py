@@ -117,6 +117,8 @@ class MembershipManager:
         self._metadata_needed = False
 
         self._subscription: Subscribe | None = None
+        self._fields_of: Subscribe | None = None  # the subscription ``_fields`` describe
+        self._fields: tuple[tuple[str, ...], str] = ((), "")
         self._subscription_updated = False
         self._has_listener = True
         self._closed = False
@@ -139,7 +141,7 @@ class MembershipManager:
 
     @property
     def state(self) -> MemberState:
-        return self._sm.state
+        return self._sm.state  # the methods below read ``self._sm.state`` (hot path)
 
     @property
     def member_id(self) -> str:
@@ -177,9 +179,13 @@ class MembershipManager:
         sub = self._subscription
         if sub is None:
             return None
-        if sub.pattern is not None:
-            return ((), sub.pattern)
-        return (tuple(sorted(set(sub.topics))), "")
+        if sub is not self._fields_of:  # computed once per subscription, read per heartbeat
+            if sub.pattern is not None:
+                self._fields = ((), sub.pattern)
+            else:
+                self._fields = (tuple(sorted(set(sub.topics))), "")
+            self._fields_of = sub
+        return self._fields
 
     @property
     def current_assignment(self) -> LocalAssignment:
@@ -229,13 +235,13 @@ class MembershipManager:
         return self._leave_in_progress
 
     def should_skip_heartbeat(self) -> bool:
-        return self.state in NOT_IN_GROUP
+        return self._sm.state in NOT_IN_GROUP
 
     def should_heartbeat_now(self) -> bool:
-        return self.state in HEARTBEAT_NOW
+        return self._sm.state in HEARTBEAT_NOW
 
     def is_leaving(self) -> bool:
-        return self.state in LEAVING_STATES
+        return self._sm.state in LEAVING_STATES
 
     def leave_epoch(self, due_to_poll_timer: bool = False) -> int | None:
         """The epoch of the leave HB by close option (KIP-1092), or None for no leave HB."""
@@ -299,7 +305,7 @@ class MembershipManager:
         if self._rejected_after_close_or_fatal("poll"):
             return
         self.maybe_reconcile(now_ms, can_commit=True)
-        state = self.state
+        state = self._sm.state
         if state is S.UNSUBSCRIBED and self._subscription_updated and self._subscription:
             self.transition_to_joining("subscribed, first poll")
         elif state is S.STALE and self._subscription is not None:
@@ -366,7 +372,7 @@ class MembershipManager:
     def on_heartbeat_success(self, now_ms: int, response: HeartbeatResponse) -> None:
         """Take the epoch and the assignment of a successful response (reference §4)."""
         self._now = now_ms
-        state = self.state
+        state = self._sm.state
         if state is S.LEAVING or state in NOT_IN_GROUP:
             self._log.debug("Ignoring heartbeat response: member is %s", state)
             return
@@ -393,7 +399,7 @@ class MembershipManager:
     def on_heartbeat_request_generated(self, now_ms: int) -> None:
         """A heartbeat was built: ACKNOWLEDGING and LEAVING end here (reference §3)."""
         self._now = now_ms
-        state = self.state
+        state = self._sm.state
         if state is S.ACKNOWLEDGING:
             if self._rec.target_reconciled():
                 self._to(S.STABLE, "assignment acknowledged")
@@ -409,7 +415,7 @@ class MembershipManager:
     def on_heartbeat_request_skipped(self, now_ms: int, reason: str) -> None:
         """No heartbeat could be sent (no coordinator, or none wanted): a leave ends here."""
         self._now = now_ms
-        if self.state is S.LEAVING:
+        if self._sm.state is S.LEAVING:
             self._log.warning("Leave heartbeat not sent (%s)", reason)
             self._to(S.UNSUBSCRIBED, f"leave heartbeat skipped: {reason}")
             self.complete_leave()
@@ -430,7 +436,7 @@ class MembershipManager:
 
     def transition_to_joining(self, reason: str) -> None:
         """Join (or rejoin) with epoch 0 and the same member id; drops an unreconciled target."""
-        if self.state is S.FATAL:
+        if self._sm.state is S.FATAL:
             self._log.warning("Not joining: the member is in FATAL state")
             return
         if self._rec.running is not None:
@@ -446,7 +452,7 @@ class MembershipManager:
         """FENCED_MEMBER_EPOCH / UNKNOWN_MEMBER_ID: lose the partitions, then rejoin."""
         self._now = now_ms
         name = ErrorCode.name_of(code)
-        state = self.state
+        state = self._sm.state
         if state is S.PREPARE_LEAVING:
             self._log.info("Fenced (%s) while preparing to leave: no leave heartbeat", name)
             self.transition_to_sending_leave_group(now_ms, due_to_poll_timer=False)
@@ -467,7 +473,7 @@ class MembershipManager:
     def transition_to_fatal(self, now_ms: int, code: int, message: str) -> bool:
         """Enter FATAL (terminal) and surface the error; False if it could not apply."""
         self._now = now_ms
-        previous = self.state
+        previous = self._sm.state
         if previous in (S.FENCED, S.STALE, S.FATAL):
             self._log.warning(
                 "Ignoring fatal error %s while %s: %s", ErrorCode.name_of(code), previous, message
@@ -488,7 +494,7 @@ class MembershipManager:
     def transition_to_sending_leave_group(self, now_ms: int, due_to_poll_timer: bool) -> None:
         """Set the leave epoch and go LEAVING so that the next poll builds the leave HB."""
         self._now = now_ms
-        state = self.state
+        state = self._sm.state
         if state in (S.FATAL, S.UNSUBSCRIBED):
             self._log.warning("Not sending a leave heartbeat: member is %s", state)
             return
@@ -509,7 +515,7 @@ class MembershipManager:
         True only for the pass triggered by the application's poll (it may revoke)."""
         self._now = now_ms
         rec = self._rec
-        if self.state is not S.RECONCILING or rec.target_reconciled() or rec.running:
+        if self._sm.state is not S.RECONCILING or rec.target_reconciled() or rec.running:
             return
         resolution = rec.resolve(self._metadata)
         if resolution.unresolved:
@@ -595,7 +601,7 @@ class MembershipManager:
         rec = self._rec
         if rec.running is not running:
             return True
-        if self.state is not S.RECONCILING or rec.rejoined_during_pass:
+        if self._sm.state is not S.RECONCILING or rec.rejoined_during_pass:
             why = (
                 "the member rejoined the group"
                 if rec.rejoined_during_pass
@@ -615,9 +621,9 @@ class MembershipManager:
                 len(partitions),
             )
         if not self._rec.target_reconciled():
-            if self.state is not S.RECONCILING or changed:
+            if self._sm.state is not S.RECONCILING or changed:
                 self._to(S.RECONCILING, "new target assignment")
-        elif self.state in (S.RECONCILING, S.JOINING):
+        elif self._sm.state in (S.RECONCILING, S.JOINING):
             self._to(S.STABLE, "target equals the current assignment")
 
     def _request_metadata(self, unresolved: frozenset[uuid.UUID]) -> None:
@@ -630,7 +636,7 @@ class MembershipManager:
     # ------------------------------------------------------------------------------------------
 
     def _leave_group(self, close: bool) -> None:
-        state = self.state
+        state = self._sm.state
         if state in NOT_IN_GROUP:
             if state is S.FENCED:
                 self._update_owned(self._rec.clear_assignment)
@@ -652,7 +658,7 @@ class MembershipManager:
         self._leave_release()
 
     def _leave_release(self) -> None:
-        in_group = self.state is S.PREPARE_LEAVING and self._epoch > 0
+        in_group = self._sm.state is S.PREPARE_LEAVING and self._epoch > 0
         kind = CallbackKind.REVOKED if in_group else CallbackKind.LOST
         self._release(kind, _Purpose.LEAVE_RELEASE)
 
@@ -660,7 +666,7 @@ class MembershipManager:
         if error is not None:
             self._log.error("Release callback failed: %s. Leaving anyway", error)
         self._update_owned(self._rec.clear_assignment)
-        if self.state is S.PREPARE_LEAVING:
+        if self._sm.state is S.PREPARE_LEAVING:
             self.transition_to_sending_leave_group(self._now, due_to_poll_timer=False)
 
     # ------------------------------------------------------------------------------------------
@@ -686,7 +692,7 @@ class MembershipManager:
         if error is not None:
             self._log.error("onPartitionsLost failed after fencing: %s. Rejoining anyway", error)
         self._update_owned(self._rec.clear_assignment)
-        if self.state is S.FENCED:
+        if self._sm.state is S.FENCED:
             self.transition_to_joining("rejoin after fencing")
 
     def _stale_released(self, error: str | None) -> None:
@@ -694,7 +700,7 @@ class MembershipManager:
             self._log.error("onPartitionsLost failed after going stale: %s", error)
         self._update_owned(self._rec.clear_assignment)
         self._stale_release_pending = False
-        if self._rejoin_when_released and self.state is S.STALE:
+        if self._rejoin_when_released and self._sm.state is S.STALE:
             self.transition_to_joining("poll after the member went stale")
 
     def _fatal_released(self, error: str | None) -> None:

@@ -29,6 +29,10 @@ class MemberState(enum.Enum):
     def __str__(self) -> str:
         return self.value
 
+    # Members are singletons compared by identity, so hash them by identity too: Enum's own
+    # hash is Python code, and state-set checks run several times per heartbeat.
+    __hash__ = object.__hash__
+
 
 S = MemberState
 
@@ -99,24 +103,25 @@ TransitionListener = Callable[[MemberState, MemberState, str], None]
 
 
 class StateMachine:
-    """Holds the current state; every change is checked against the table and reported."""
+    """Holds the current state; every change is checked against the table and reported.
+
+    ``state`` is a plain attribute (read on every heartbeat); only `transition` sets it.
+    """
+
+    __slots__ = ("_listener", "state")
 
     def __init__(
         self,
         listener: TransitionListener,
         initial: MemberState = MemberState.UNSUBSCRIBED,
     ) -> None:
-        self._state = initial
+        self.state = initial
         self._listener = listener
-
-    @property
-    def state(self) -> MemberState:
-        return self._state
 
     def transition(self, new: MemberState, reason: str) -> None:
         """Move to ``new`` or raise `IllegalTransition`; the listener sees every move."""
-        old = self._state
+        old = self.state
         if not is_allowed(old, new):
             raise IllegalTransition(old, new)
-        self._state = new
+        self.state = new
         self._listener(old, new, reason)
