@@ -4,6 +4,7 @@ Metadata topic ids, and ConsumerGroupHeartbeat join / leave / errors with real e
 from __future__ import annotations
 
 import base64
+import time
 import uuid
 
 import pytest
@@ -55,9 +56,9 @@ def test_heartbeat_join_leave_and_broker_errors(real_kafka: KafkaCluster) -> Non
         assert response.heartbeat_interval_ms == 500  # the cluster's group timing
         # the assignment may come with a later heartbeat (the broker assigns asynchronously)
         epoch, assignment = response.member_epoch, response.assignment
-        for _ in range(20):
-            if assignment:
-                break
+        deadline = time.monotonic() + 30  # paced by the heartbeat interval: a loaded broker
+        while not assignment and time.monotonic() < deadline:  # may take seconds to assign
+            time.sleep(response.heartbeat_interval_ms / 1000)
             beat = client.heartbeat(
                 HeartbeatRequest(group_id=group, member_id=member, member_epoch=epoch), 10
             )
