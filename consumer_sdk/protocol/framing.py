@@ -181,14 +181,22 @@ class FrameReader:
 
     def feed(self, data: bytes) -> list[bytes]:
         """Append ``data``; return every complete frame. Raises ProtocolError on a bad length."""
-        self._buf += data
+        buf = self._buf
+        buf += data
         frames: list[bytes] = []
-        while len(self._buf) >= 4:
-            length = parse_frame_length(bytes(self._buf[:4]), self._max)
-            if len(self._buf) < 4 + length:
-                break
-            frames.append(bytes(self._buf[4 : 4 + length]))
-            del self._buf[: 4 + length]
+        pos, end = 0, len(buf)
+        try:
+            while end - pos >= 4:
+                length: int = _LENGTH.unpack_from(buf, pos)[0]
+                if length < 4 or length > self._max:
+                    parse_frame_length(bytes(buf[pos : pos + 4]), self._max)  # raises
+                stop = pos + 4 + length
+                if stop > end:
+                    break
+                frames.append(bytes(buf[pos + 4 : stop]))
+                pos = stop
+        finally:
+            del buf[:pos]  # once per call, not per frame
         return frames
 
     @property

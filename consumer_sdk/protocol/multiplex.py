@@ -120,6 +120,13 @@ class KioCall(Generic[T]):
 
 
 _HB_RESPONSES: dict[int, type[ResponsePayload]] = {}
+# Heartbeat responses already decoded, by version and by their bytes after the correlation
+# id: a member's answers repeat byte for byte while nothing changes (same epoch, interval, no
+# assignment), and equal bytes decode to an equal, immutable response. Small frames only (the
+# plain answers), and bounded: cleared when full, so a member costs one full decode after that.
+_HB_DECODED: dict[int, dict[bytes, HeartbeatResponse]] = {0: {}, 1: {}}
+_HB_DECODED_MAX_BYTES = 256
+_HB_DECODED_LIMIT = 8192
 
 
 def _hb_response_type(version: int) -> type[ResponsePayload]:
@@ -157,8 +164,20 @@ class HeartbeatCall:
             raise UnsupportedBrokerError(str(exc)) from None
 
     def decode(self, frame: bytes, correlation_id: int) -> HeartbeatResponse:
-        resp = decode_response(frame, _hb_response_type(self._version), correlation_id)
-        return m.heartbeat_from_kio(resp)
+        cache = _HB_DECODED.get(self._version)
+        rest = frame[4:]
+        if cache is not None:
+            known = cache.get(rest)
+            if known is not None and peek_correlation_id(frame) == correlation_id:
+                return known
+        response = m.heartbeat_from_kio(
+            decode_response(frame, _hb_response_type(self._version), correlation_id)
+        )
+        if cache is not None and len(rest) <= _HB_DECODED_MAX_BYTES:
+            if len(cache) >= _HB_DECODED_LIMIT:
+                cache.clear()
+            cache[rest] = response
+        return response
 
 
 @dataclass(slots=True)

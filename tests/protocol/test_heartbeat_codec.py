@@ -75,3 +75,59 @@ def test_cached_head_and_tail_follow_member_identity_and_epoch() -> None:
 def test_unsupported_version_is_named() -> None:
     with pytest.raises(ValueError, match="v2 is not supported"):
         HeartbeatEncoder().encode(HeartbeatRequest("g", "m", 0), 2, 1, None)
+
+
+def _response_frame(cid: int, epoch: int, interval_ms: int = 3000, error: int = 0) -> bytes:
+    """A ConsumerGroupHeartbeat v1 response frame (no length prefix), written by kio."""
+    import datetime
+    import io
+    import struct
+
+    from kio.schema.errors import ErrorCode as KioErrorCode
+    from kio.serial import entity_writer
+    from kio.static.primitive import i32, i32Timedelta
+
+    _, response_type = m.heartbeat_call(HeartbeatRequest("g", "m", 0), 1)
+    body = response_type(
+        throttle_time=i32Timedelta.parse(datetime.timedelta(0)),
+        error_code=KioErrorCode(error),
+        error_message=None,
+        member_id="member-1",
+        member_epoch=i32(epoch),
+        heartbeat_interval=i32Timedelta.parse(datetime.timedelta(milliseconds=interval_ms)),
+        assignment=None,
+    )
+    buf = io.BytesIO()
+    entity_writer(response_type)(buf, body)
+    return struct.pack(">i", cid) + b"\x00" + buf.getvalue()
+
+
+def test_repeated_heartbeat_responses_decode_like_fresh_ones() -> None:
+    """A response equal byte for byte to an earlier one (after the correlation id) reuses its
+    decoded value; any changed field decodes afresh; the correlation id is still checked."""
+    from consumer_sdk.protocol.framing import CorrelationIdMismatch
+    from consumer_sdk.protocol.multiplex import HeartbeatCall, VersionCache
+
+    versions = VersionCache({m.API_CONSUMER_GROUP_HEARTBEAT: (0, 1)})
+    encoder = HeartbeatEncoder()
+
+    def decode(cid: int, frame: bytes) -> object:
+        call = HeartbeatCall(HeartbeatRequest("g", "member-1", 5), encoder, None)
+        call.encode(versions, cid)  # picks the version the answer is decoded with
+        return call.decode(frame, cid)
+
+    first = decode(1, _response_frame(1, epoch=5))
+    again = decode(2, _response_frame(2, epoch=5))
+    assert again == first
+    assert again is first  # reused, not decoded again
+    assert (first.member_epoch, first.heartbeat_interval_ms, first.error_code) == (5, 3000, 0)
+    bumped = decode(3, _response_frame(3, epoch=6))
+    assert bumped.member_epoch == 6
+    slower = decode(4, _response_frame(4, epoch=6, interval_ms=5000))
+    assert slower.heartbeat_interval_ms == 5000
+    fenced = decode(5, _response_frame(5, epoch=6, error=110))
+    assert fenced.error_code == 110
+    call = HeartbeatCall(HeartbeatRequest("g", "member-1", 5), encoder, None)
+    call.encode(versions, 7)
+    with pytest.raises(CorrelationIdMismatch):
+        call.decode(_response_frame(6, epoch=5), 7)  # cached bytes, wrong correlation id
