@@ -10,7 +10,9 @@ session timeout after it stopped heartbeating, so its intervals open at the stop
 On a real cluster the driver also cuts members off from the coordinator: it SIGKILLs or
 SIGSTOPs the coordinator's node. A member that reports ``lost`` after such a fault began was
 fenced by the coordinator (no heartbeat of it for a session timeout), so its intervals end one
-session after the fault began, as for a SIGSTOPped member (``fenced_unreachable``). Until it
+session after the fault began. The faulted node counts as the coordinator when the driver
+found it so just before the fault, or when its coordinator watch (``coordinator_seen``) saw
+the group there when the fault began or while the node was down, as for a SIGSTOPped member (``fenced_unreachable``). Until it
 learns of the fencing it still owns the partitions in its own view: the time from the next
 owner's assignment to the member's ``lost`` is reported as a *zombie window*, not an overlap
 (no client can know it was fenced before it reaches the coordinator again).
@@ -155,7 +157,8 @@ def incarnations(
     for ev in member_events:
         inc = incs.setdefault(ev["inc"], Incarnation(ev["inc"]))
         inc.events.append(ev)
-    for ev in driver_events:
+    drivers = list(driver_events)
+    for ev in drivers:
         name = ev.get("inc")
         if name is None or name not in incs:
             continue
@@ -165,14 +168,28 @@ def incarnations(
             incs[name].stopped_at.append(ev["t"])
     cut_offs = [
         ev["t"]
-        for ev in driver_events
-        if ev["ev"] in CUT_OFF_EVENTS and (ev.get("how") == "stop" or ev.get("coordinator"))
+        for ev in drivers
+        if ev["ev"] in CUT_OFF_EVENTS
+        and (ev.get("how") == "stop" or ev.get("coordinator") or _was_coordinator(ev, drivers))
     ]
     for inc in incs.values():
         inc.cut_off_at.extend(cut_offs)
     for inc in incs.values():
         inc.events.sort(key=lambda e: e["t"])
     return incs
+
+
+def _was_coordinator(fault: dict[str, Any], driver_events: list[dict[str, Any]]) -> bool:
+    """Whether the driver's coordinator watch (``coordinator_seen``) shows the faulted node
+    as the group's coordinator when the fault began or at any time until the node was back."""
+    node, start = fault.get("node"), fault["t"]
+    back = min((ev["t"] for ev in driver_events if ev["ev"] in ("node_resume", "node_started")
+                and ev.get("node") == node and ev["t"] >= start), default=float("inf"))  # fmt: skip
+    seen = sorted((ev["t"], ev["node"]) for ev in driver_events if ev["ev"] == "coordinator_seen")
+    before = [n for t, n in seen if t <= start]
+    return (bool(before) and before[-1] == node) or any(
+        n == node for t, n in seen if start < t <= back
+    )
 
 
 def intervals(inc: Incarnation, session_s: float, interval_s: float = 0.0) -> list[Interval]:

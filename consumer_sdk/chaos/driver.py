@@ -269,6 +269,22 @@ class Driver:
             self.kafka.broker_up(broker)
             self.event("broker_up", broker=broker)
 
+    def _watch_coordinator(self) -> None:
+        """Log the group's coordinator (FindCoordinator through the live nodes) whenever it
+        changes: a node fault cuts members off if the node was the coordinator at any time
+        while it was down, which the check made just before the fault can miss (leadership
+        of ``__consumer_offsets`` moves while nodes stop, start and get fenced)."""
+        last: int | None = None
+        while not self._stop_sampling.is_set():
+            try:
+                node = self.kafka.coordinator_for(self.group, timeout=5.0)
+            except Exception:  # no coordinator right now (a node down, leadership moving)
+                node = None
+            if node is not None and node != last:
+                self.event("coordinator_seen", node=node)
+                last = node
+            self._stop_sampling.wait(0.5)
+
     def node_fault_running(self) -> bool:
         return self._node_fault is not None and self._node_fault.is_alive()
 
@@ -380,6 +396,9 @@ class Driver:
                                    daemon=True)  # fmt: skip
         producer.start()
         sampler.start()
+        if a.broker == "real":
+            threading.Thread(target=self._watch_coordinator, name="chaos-coordinator",
+                             daemon=True).start()  # fmt: skip
         for i in range(a.members):
             self.spawn(f"sdk{i + 1}", "sdk")
         for i in range(a.ck_members):

@@ -176,6 +176,31 @@ def test_checker_ends_ownership_when_the_coordinator_node_was_cut_off() -> None:
     assert check(events, not_coordinator).violations == {"overlaps": 1}
 
 
+def test_checker_takes_the_coordinator_from_the_drivers_watch() -> None:
+    """The check made just before the fault said node 3 was not the coordinator, but the
+    driver's coordinator watch saw the group on node 3 (before the fault, or while node 3
+    was down): a cut-off. Seen only on other nodes, or only after node 3 was back: none."""
+    events = [
+        ev(1.0, "assign", "a/1", parts=[0]),
+        *(ev(1.1 + i / 10, "rec", "a/1", p=0, o=i) for i in range(3)),
+        ev(1.5, "commit", "a/1", offsets={"0": 3}),
+        ev(8.0, "assign", "b/2", parts=[0]),
+        ev(8.1, "rec", "b/2", p=0, o=3),
+        ev(8.2, "commit", "b/2", offsets={"0": 4}),
+        ev(9.0, "lost", "a/1", parts=[0]),
+    ]
+    fault = [ev(1.6, "node_pause", "", node=3, coordinator=False),
+             ev(8.5, "node_resume", "", node=3)]  # fmt: skip
+
+    def seen(*at: tuple[float, int]) -> list[dict[str, Any]]:
+        return [ev(t, "coordinator_seen", "", node=n) for t, n in at]
+
+    for watch in (seen((0.5, 3)), seen((0.5, 1), (2.0, 3))):
+        assert check(events, fault + watch).violations == {}, watch
+    for watch in (seen((0.5, 1)), seen((0.5, 3), (1.0, 1)), seen((0.5, 1), (8.7, 3))):
+        assert check(events, fault + watch).violations == {"overlaps": 1}, watch
+
+
 def test_checker_takes_the_earlier_of_a_members_pause_and_its_coordinators_hang() -> None:
     """a was cut off when the coordinator's node hung at 1.0, then SIGSTOPped at 3.0: the
     coordinator fenced it on its own resume at 7.2, and b took the partition then. The
