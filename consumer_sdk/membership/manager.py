@@ -62,6 +62,8 @@ JOIN_EPOCH = 0
 LEAVE_EPOCH = -1
 STATIC_LEAVE_EPOCH = -2
 
+_NO_PARTITIONS: frozenset[TopicPartition] = frozenset()
+
 
 class _Purpose(enum.Enum):
     """What a pending callback or commit resumes when it completes."""
@@ -206,21 +208,28 @@ class MembershipManager:
     def reconciliation_in_progress(self) -> bool:
         return self._rec.running is not None
 
+    # The four views below are read by the host per poll or per heartbeat response, and are
+    # nearly always empty or unchanged: an empty one costs no generator.
+
     @property
     def assigned_partitions(self) -> frozenset[TopicPartition]:
-        return frozenset(p.named for p in self._rec.owned)
+        owned = self._rec.owned
+        return frozenset(p.named for p in owned) if owned else _NO_PARTITIONS
 
     @property
     def fetchable_partitions(self) -> frozenset[TopicPartition]:
-        return frozenset(p.named for p in self._rec.fetchable)
+        fetchable = self._rec.fetchable
+        return frozenset(p.named for p in fetchable) if fetchable else _NO_PARTITIONS
 
     @property
     def pending_revocation(self) -> frozenset[TopicPartition]:
-        return frozenset(p.named for p in self._rec.pending_revocation)
+        pending = self._rec.pending_revocation
+        return frozenset(p.named for p in pending) if pending else _NO_PARTITIONS
 
     @property
     def awaiting_callback(self) -> frozenset[TopicPartition]:
-        return frozenset(p.named for p in self._rec.awaiting_callback)
+        awaiting = self._rec.awaiting_callback
+        return frozenset(p.named for p in awaiting) if awaiting else _NO_PARTITIONS
 
     @property
     def metadata_needed(self) -> bool:

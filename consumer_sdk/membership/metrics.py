@@ -26,8 +26,10 @@ class _Windowed:
         self._samples: deque[tuple[int, float]] = deque()
 
     def record(self, now_ms: int, value: float = 1.0) -> None:
-        self._samples.append((now_ms, value))
-        self._expire(now_ms)
+        samples = self._samples
+        samples.append((now_ms, value))
+        if samples[0][0] <= now_ms - self._window_ms:  # per heartbeat: expire only if due
+            self._expire(now_ms)
 
     def _expire(self, now_ms: int) -> None:
         while self._samples and self._samples[0][0] <= now_ms - self._window_ms:
