@@ -8,6 +8,8 @@ every callback. Exits when stdin closes (graceful close) or when killed (a crash
 from __future__ import annotations
 
 import json
+import logging
+import os
 import sys
 import threading
 import time
@@ -16,12 +18,20 @@ from typing import Any
 
 def main() -> None:
     kind, bootstrap, group, topic = sys.argv[1:5]
+    log_dir = os.environ.get("BENCH_MEMBER_LOG_DIR")
+    if log_dir:  # a timestamped trace per member, to see where a scenario's time goes
+        logging.basicConfig(
+            filename=os.path.join(log_dir, f"{kind}-{os.getpid()}.log"),
+            level=logging.DEBUG,
+            format="%(created).3f %(threadName)s %(name)s %(levelname)s %(message)s",
+        )
     conf = {"bootstrap.servers": bootstrap, "group.id": group, "auto.offset.reset": "earliest"}
     owned: set[int] = set()
     lock = threading.Lock()
 
     def emit(event: dict[str, Any]) -> None:
         event["t"] = time.monotonic()
+        logging.getLogger("bench").debug("event %s", event)
         with lock:
             sys.stdout.write(json.dumps(event) + "\n")
             sys.stdout.flush()
@@ -41,7 +51,8 @@ def main() -> None:
     else:
         import confluent_kafka
 
-        consumer = confluent_kafka.Consumer({**conf, "group.protocol": "consumer"})
+        extra = {"debug": "cgrp", "logger": logging.getLogger("librdkafka")} if log_dir else {}
+        consumer = confluent_kafka.Consumer({**conf, "group.protocol": "consumer", **extra})
     consumer.subscribe([topic], on_assign=on_assign, on_revoke=on_revoke, on_lost=on_revoke)
     emit({"ev": "ready"})
     stop = threading.Event()

@@ -24,6 +24,7 @@ from consumer_sdk.membership import CloseOption, MemberState
 from consumer_sdk.runtime._librdkafka import write_group_metadata
 from consumer_sdk.runtime.fetcher import Fetcher
 from consumer_sdk.runtime.group_member import (
+    _REBALANCE_POLL_GAP_S,
     GroupMember,
     Partition,
     RebalanceCallback,
@@ -73,6 +74,7 @@ class Consumer(GroupMember):
         # Set while on_assign runs: start offsets of the partitions being assigned, which
         # seek() and incremental_assign() inside the callback override.
         self._assigning: dict[Partition, int | None] | None = None
+        self._next_post_poll = 0.0
         # Set while on_revoke / on_lost runs: the partitions being released.
         self._releasing: set[Partition] | None = None
         super().__init__(config)
@@ -102,7 +104,8 @@ class Consumer(GroupMember):
         if self._closed or self._fatal is not None:
             self._ensure_usable()
         now = time.monotonic()
-        self._post_poll()
+        if now >= self._next_post_poll:
+            self._post_poll_limited(now)
         events, queued = self._core.background_events, self._app_callbacks
         forever = timeout is None or timeout < 0
         if (events or queued) and self._dispatch_background_events() and forever:
@@ -124,6 +127,12 @@ class Consumer(GroupMember):
             self._post_poll()
             if (events or queued) and self._dispatch_background_events() and forever:
                 return None
+
+    def _post_poll_limited(self, now: float) -> None:
+        # _post_poll posts at most once per _REBALANCE_POLL_GAP_S; asking it more often
+        # only costs time on the per-record path (reading the member state).
+        self._next_post_poll = now + _REBALANCE_POLL_GAP_S
+        self._post_poll()
 
     def consume(self, num_messages: int = 1, timeout: float | None = None) -> list[Message]:
         """Up to ``num_messages`` records within ``timeout`` seconds; ``None`` (the default)

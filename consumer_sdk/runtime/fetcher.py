@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import deque
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -33,6 +34,14 @@ _TOPIC = Message.topic
 _PARTITION = Message.partition
 _ERROR = Message.error
 
+#: Records taken from librdkafka in one call when ``poll()`` finds the local buffer empty:
+#: one ``consume`` call creates them all, so ``poll()`` pays librdkafka's per-call cost
+#: (a queue wait, a GIL release) once per batch instead of once per record.
+POLL_BATCH = 256
+
+# A buffered record: its partition (None for an error event) and the message.
+_Entry = tuple[Partition | None, Message]
+
 
 class Fetcher:
     """Assign-only record fetcher with per-partition positions."""
@@ -45,6 +54,11 @@ class Fetcher:
         self._positions: dict[Partition, int] = {}
         self._last: dict[Partition, Message] = {}
         self._paused: set[Partition] = set()
+        # Records librdkafka handed over for poll() and not delivered yet, in order; and
+        # those of paused partitions, set aside until they resume. Only the application
+        # thread reads and writes them (poll, consume and the callbacks that run there).
+        self._buffer: deque[_Entry] = deque()
+        self._held: dict[Partition, list[_Entry]] = {}
         self._closed = False
         self.reset = str(config.get("auto.offset.reset", "latest"))
 
@@ -76,6 +90,7 @@ class Fetcher:
             if not new:
                 return
             self._consumer.incremental_assign(new)
+            self._purge({(tp.topic, tp.partition) for tp in new})
             for tp in new:
                 key = (tp.topic, tp.partition)
                 self._assigned.add(key)
@@ -88,6 +103,7 @@ class Fetcher:
         """Stop fetching and drop every buffered record of ``partitions``."""
         with self._lock:
             gone = [p for p in partitions if p in self._assigned]
+            self._purge(set(gone))
             for p in gone:
                 self._assigned.discard(p)
                 self._fetchable.discard(p)
@@ -120,6 +136,8 @@ class Fetcher:
                     self._fetchable.add(key)
                     if position is not None:
                         rewind.append(TopicPartition(key[0], key[1], position))
+            # Records buffered before the fence would come again after the rewind.
+            self._purge({(tp.topic, tp.partition) for tp in rewind})
         for tp in rewind:
             self._consumer.seek(tp)
         if rewind:
@@ -134,14 +152,30 @@ class Fetcher:
             tps = [TopicPartition(t, p) for t, p in partitions if (t, p) in self._assigned]
             if tps:
                 self._consumer.pause(tps)
-                self._paused.update((tp.topic, tp.partition) for tp in tps)
+                keys = {(tp.topic, tp.partition) for tp in tps}
+                self._paused.update(keys)
+                # librdkafka resumes after the records it handed over: keep the buffered
+                # ones of these partitions until they resume, in order.
+                if self._buffer:
+                    kept: deque[_Entry] = deque()
+                    for entry in self._buffer:
+                        if entry[0] in keys:
+                            self._held.setdefault(entry[0], []).append(entry)  # type: ignore[index]
+                        else:
+                            kept.append(entry)
+                    self._buffer = kept
 
     def resume(self, partitions: Iterable[Partition]) -> None:
         with self._lock:
             tps = [TopicPartition(t, p) for t, p in partitions if (t, p) in self._assigned]
             if tps:
                 self._consumer.resume(tps)
-                self._paused.difference_update((tp.topic, tp.partition) for tp in tps)
+                keys = [(tp.topic, tp.partition) for tp in tps]
+                self._paused.difference_update(keys)
+                for key in keys:
+                    held = self._held.pop(key, None)
+                    if held:  # before anything fetched after the resume
+                        self._buffer.extendleft(reversed(held))
 
     def seek(self, partition: Partition, offset: int) -> None:
         """Fetch ``partition`` from ``offset`` next (absolute or logical), dropping what was
@@ -162,6 +196,7 @@ class Fetcher:
                 )
             self._last.pop(partition, None)
             self._positions.pop(partition, None)
+            self._purge({partition})
             try:
                 self._consumer.seek(tp)
             except KafkaException as exc:
@@ -190,22 +225,68 @@ class Fetcher:
         epoch = msg.leader_epoch() if msg is not None else None
         return -1 if epoch is None else epoch
 
+    def _purge(self, partitions: set[Partition]) -> None:
+        """Drop the buffered records of ``partitions`` (unassigned, sought or rewound)."""
+        for key in partitions:
+            self._held.pop(key, None)
+        if self._buffer:
+            self._buffer = deque(e for e in self._buffer if e[0] not in partitions)
+
+    def _fill(self, msgs: list[Message]) -> None:
+        if any(map(_ERROR, msgs)):
+            self._buffer.extend(
+                (None if m.error() is not None else (m.topic(), m.partition()), m)  # type: ignore[misc]
+                for m in msgs
+            )
+        else:  # done in C: no error events in the batch
+            keys = zip(map(_TOPIC, msgs), map(_PARTITION, msgs), strict=True)
+            self._buffer.extend(zip(keys, msgs, strict=True))  # type: ignore[arg-type]
+
     # The per-record path avoids locks and copies: the GIL makes these dict/set operations
     # atomic, and the last delivered message per partition gives both position and epoch.
     def poll(self, timeout: float) -> Message | None:
-        if self._closed:
-            return None
-        msg = self._consumer.poll(timeout)
-        if msg is None or msg.error() is not None:
-            return msg
-        key = (msg.topic(), msg.partition())
-        if key not in self._fetchable:
-            self._note_dropped(key, msg)  # type: ignore[arg-type]
-            return None
-        self._last[key] = msg
-        return msg
+        """The next record or error event; waits up to ``timeout`` for one if none is
+        buffered. Records of partitions no longer fetchable are dropped (None if only
+        such records were buffered)."""
+        buffer = self._buffer
+        if not buffer:
+            if self._closed:
+                return None
+            msgs = self._consumer.consume(POLL_BATCH, 0)
+            if not msgs:
+                msg = self._consumer.poll(timeout)
+                if msg is None:
+                    return None
+                msgs = [msg]
+            self._fill(msgs)
+            buffer = self._buffer
+        fetchable = self._fetchable
+        while buffer:
+            key, msg = buffer.popleft()
+            if key is None:
+                return msg
+            if key in fetchable:
+                self._last[key] = msg
+                return msg
+            self._note_dropped(key, msg)
+        return None
 
     def consume(self, num_messages: int, timeout: float) -> list[Message]:
+        if self._buffer:  # what poll() buffered goes first
+            out = []
+            buffer, fetchable, last = self._buffer, self._fetchable, self._last
+            while buffer and len(out) < num_messages:
+                key, msg = buffer.popleft()
+                if key is None:
+                    out.append(msg)
+                elif key in fetchable:
+                    last[key] = msg
+                    out.append(msg)
+                else:
+                    self._note_dropped(key, msg)
+            if out:
+                return out
+            timeout = 0
         if self._closed:
             return []
         msgs = self._consumer.consume(num_messages, timeout)
@@ -242,5 +323,7 @@ class Fetcher:
             if self._closed:
                 return
             self._closed = True
+            self._buffer.clear()
+            self._held.clear()
         # Assign-only consumers leave no group; close() only stops librdkafka's threads.
         self._consumer.close()

@@ -37,3 +37,63 @@ def test_fence_drops_then_unfence_rewinds_without_loss(embedded_kafka: EmbeddedK
         assert fetcher.positions() == {}
     finally:
         fetcher.close()
+
+
+def _drain(fetcher: Fetcher, want: int, deadline_s: float = 30.0) -> list[tuple[int, int]]:
+    import time
+
+    got: list[tuple[int, int]] = []
+    deadline = time.monotonic() + deadline_s
+    while len(got) < want:
+        assert time.monotonic() < deadline, f"only {len(got)} of {want} records: {got}"
+        msg = fetcher.poll(0.2)
+        if msg is not None and msg.error() is None:
+            got.append((msg.partition(), msg.offset()))  # type: ignore[arg-type]
+    return got
+
+
+def test_poll_buffer_keeps_order_across_pause_seek_and_unassign(
+    embedded_kafka: EmbeddedKafka,
+) -> None:
+    """poll() takes records from librdkafka in batches: what it buffered must follow
+    pause/resume (held, then delivered in order), seek (dropped) and unassign (dropped)."""
+    topic = "fetch-buffer"
+    embedded_kafka.create_topic(topic, partitions=2)
+    for p in (0, 1):
+        embedded_kafka.produce(topic, [f"{p}-{i}".encode() for i in range(300)], partition=p)
+    fetcher = Fetcher({"bootstrap.servers": embedded_kafka.bootstrap_servers,
+                       "group.id": "fetch-buffer-g", "auto.offset.reset": "earliest"})  # fmt: skip
+    try:
+        fetcher.assign({(topic, 0): None, (topic, 1): None})
+        got = _drain(fetcher, 1)
+        while not fetcher._buffer:  # until a poll() took a batch from librdkafka
+            got += _drain(fetcher, 1)
+            assert len(got) < 600, "poll() never buffered a batch"
+        fetcher.pause([(topic, 0)])
+        while True:  # only partition 1 is delivered while 0 is paused
+            msg = fetcher.poll(0.3)
+            if msg is None:
+                break
+            assert msg.partition() == 1, "a paused partition's buffered record was delivered"
+            got.append((1, msg.offset()))  # type: ignore[arg-type]
+        fetcher.resume([(topic, 0)])
+        got += _drain(fetcher, 600 - len(got))
+        for p in (0, 1):
+            offsets = [o for q, o in got if q == p]
+            assert offsets == list(range(300)), f"partition {p}: gaps, repeats or disorder"
+        assert fetcher.positions() == {(topic, 0): 300, (topic, 1): 300}
+
+        fetcher.seek((topic, 0), 10)
+        first = _drain(fetcher, 1)
+        assert first == [(0, 10)], "records buffered before a seek were delivered after it"
+        fetcher.seek((topic, 0), 250)
+        assert _drain(fetcher, 50) == [(0, o) for o in range(250, 300)]
+
+        fetcher.seek((topic, 1), 0)
+        assert _drain(fetcher, 1) == [(1, 0)]
+        fetcher.unassign([(topic, 1)])
+        assert all(fetcher.poll(0.1) is None for _ in range(5)), "unassigned, still delivered"
+        fetcher.assign({(topic, 1): 290})
+        assert _drain(fetcher, 10) == [(1, o) for o in range(290, 300)]
+    finally:
+        fetcher.close()
