@@ -43,6 +43,11 @@ POLL_BATCH = 256
 _Entry = tuple[Partition | None, Message]
 
 
+def _only_topic(partitions: set[Partition]) -> str | None:
+    topics = {topic for topic, _ in partitions}
+    return topics.pop() if len(topics) == 1 else None
+
+
 class Fetcher:
     """Assign-only record fetcher with per-partition positions."""
 
@@ -51,6 +56,7 @@ class Fetcher:
         self._lock = threading.Lock()
         self._fetchable: set[Partition] = set()
         self._assigned: set[Partition] = set()
+        self._topic: str | None = None  # the topic of every assigned partition, if only one
         self._positions: dict[Partition, int] = {}
         self._last: dict[Partition, Message] = {}
         self._paused: set[Partition] = set()
@@ -97,6 +103,7 @@ class Fetcher:
                 self._fetchable.add(key)
                 if tp.offset >= 0:
                     self._positions[key] = tp.offset
+            self._topic = _only_topic(self._assigned)
         log.debug("fetcher assigned %s", sorted((tp.topic, tp.partition) for tp in new))
 
     def unassign(self, partitions: Iterable[Partition]) -> None:
@@ -110,6 +117,7 @@ class Fetcher:
                 self._positions.pop(p, None)
                 self._last.pop(p, None)
                 self._paused.discard(p)
+            self._topic = _only_topic(self._assigned)
             if gone and not self._closed:
                 self._consumer.incremental_unassign([TopicPartition(t, p) for t, p in gone])
         if gone:
@@ -160,7 +168,7 @@ class Fetcher:
                     kept: deque[_Entry] = deque()
                     for entry in self._buffer:
                         if entry[0] in keys:
-                            self._held.setdefault(entry[0], []).append(entry)  # type: ignore[index]
+                            self._held.setdefault(entry[0], []).append(entry)
                         else:
                             kept.append(entry)
                     self._buffer = kept
@@ -273,29 +281,40 @@ class Fetcher:
 
     def consume(self, num_messages: int, timeout: float) -> list[Message]:
         if self._buffer:  # what poll() buffered goes first
-            out = []
+            taken: list[Message] = []
             buffer, fetchable, last = self._buffer, self._fetchable, self._last
-            while buffer and len(out) < num_messages:
-                key, msg = buffer.popleft()
-                if key is None:
-                    out.append(msg)
-                elif key in fetchable:
-                    last[key] = msg
-                    out.append(msg)
+            while buffer and len(taken) < num_messages:
+                entry, record = buffer.popleft()
+                if entry is None:
+                    taken.append(record)
+                elif entry in fetchable:
+                    last[entry] = record
+                    taken.append(record)
                 else:
-                    self._note_dropped(key, msg)
-            if out:
-                return out
+                    self._note_dropped(entry, record)
+            if taken:
+                return taken
             timeout = 0
         if self._closed:
             return []
         msgs = self._consumer.consume(num_messages, timeout)
         if not msgs:
             return msgs
+        topic = self._topic
+        if topic is not None and self._fetchable == self._assigned:
+            # Common case: one topic, nothing fenced. Only the last message per partition
+            # matters for the position, so the per-record work is a dict built in C; an
+            # error event that is the last of its partition sends the batch the slow way.
+            newest = dict(zip(map(_PARTITION, msgs), msgs, strict=True))
+            if all(m.error() is None and m.topic() == topic for m in newest.values()):
+                last = self._last
+                for partition, msg in newest.items():
+                    last[(topic, partition)] = msg  # type: ignore[index]
+                return msgs
         keys = list(zip(map(_TOPIC, msgs), map(_PARTITION, msgs), strict=True))
         if self._fetchable == self._assigned and not any(map(_ERROR, msgs)):
-            # Common case, done in C: nothing fenced, no error events in the batch; the
-            # later messages of a partition overwrite earlier ones in ``_last``.
+            # Several topics, nothing fenced, no error events in the batch; the later
+            # messages of a partition overwrite earlier ones in ``_last``.
             self._last.update(zip(keys, msgs, strict=True))  # type: ignore[arg-type]
             return msgs
         fetchable, last = self._fetchable, self._last
