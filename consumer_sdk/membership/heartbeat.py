@@ -113,6 +113,7 @@ class HeartbeatTiming:
         self._attempts = 0
         self._backoff_ms = 0
         self._last_failed = False
+        self._first_immediate = False  # the episode's first failure was retried at once
 
     @property
     def failed_attempts(self) -> int:
@@ -126,11 +127,21 @@ class HeartbeatTiming:
         self._attempts = 0
         self._backoff_ms = self._backoff.backoff_ms(0)
         self._last_failed = False
+        self._first_immediate = False
 
-    def on_failure(self, now_ms: int) -> None:
-        """Back off; the interval no longer applies (retry as soon as the backoff allows)."""
+    def on_failure(self, now_ms: int, *, immediate_first: bool = False) -> None:
+        """Back off; the interval no longer applies (retry as soon as the backoff allows).
+
+        ``immediate_first``: the first failure of an episode is retried without backoff (a
+        coordinator that moved: the retry goes to the one found again, as librdkafka and the
+        Java client do); repeated failures back off exponentially from retry.backoff.ms."""
         self._last_received_ms = now_ms
-        self._backoff_ms = self._backoff.backoff_ms(self._attempts)
+        if immediate_first and self._attempts == 0:
+            self._backoff_ms = 0
+            self._first_immediate = True
+        else:
+            skipped = 1 if self._first_immediate else 0
+            self._backoff_ms = self._backoff.backoff_ms(self._attempts - skipped)
         self._attempts += 1
         self._last_failed = True
         self._timer_deadline_ms = None
@@ -141,6 +152,7 @@ class HeartbeatTiming:
         self._attempts = 0
         self._backoff_ms = 0
         self._last_failed = False
+        self._first_immediate = False
         self._timer_deadline_ms = None
 
     def update_interval(self, interval_ms: int, now_ms: int) -> None:
@@ -479,12 +491,14 @@ class HeartbeatRequestManager:
         name = E.name_of(code)
         detail = response.error_message or ""
         self._sent = _SentFields()
-        self._timing.on_failure(now_ms)
+        moved = code in (E.NOT_COORDINATOR, E.COORDINATOR_NOT_AVAILABLE)
+        self._timing.on_failure(now_ms, immediate_first=moved)
 
-        if code in (E.NOT_COORDINATOR, E.COORDINATOR_NOT_AVAILABLE):
-            # Rediscover, then retry after the exponential backoff (with jitter): while
-            # __consumer_offsets loads, FindCoordinator keeps naming the same broker, and an
-            # immediate retry would hammer it. Logged once per episode.
+        if moved:
+            # Rediscover, then retry: the first time at once (the coordinator usually moved
+            # and the one found again answers), after that with exponential backoff and
+            # jitter: while __consumer_offsets loads, FindCoordinator keeps naming the same
+            # broker, and immediate retries would hammer it. Logged once per episode.
             self._coordinator_known = False
             self._log_episode(
                 "Heartbeat failed with %s: finding the coordinator again, then retrying with "
@@ -543,7 +557,11 @@ class HeartbeatRequestManager:
             return
         stale = record.generation != m.generation
         self._sent = _SentFields()
-        self._timing.on_failure(now_ms)
+        # A dropped connection to the coordinator is rediscovered and retried like
+        # NOT_COORDINATOR: the first time at once, then with backoff.
+        self._timing.on_failure(
+            now_ms, immediate_first=failure.kind is FailureKind.DISCONNECTED
+        )
         if failure.kind.retriable:
             if failure.kind is FailureKind.DISCONNECTED:
                 self._coordinator_known = False

@@ -204,21 +204,46 @@ def test_backoff_skipped_after_coordinator_and_fencing_errors(code: ErrorCode) -
     d.must_hb()
     d.respond(err(code))
     if code in (ErrorCode.NOT_COORDINATOR, ErrorCode.COORDINATOR_NOT_AVAILABLE):
-        # Unlike Java (which resets the backoff), a coordinator error starts an exponential
-        # backoff episode: while __consumer_offsets loads, FindCoordinator keeps naming the
-        # same broker and immediate retries storm it. The earlier failures were followed by a
-        # success, so this is the first attempt of a new episode: retry.backoff.ms.
+        # The earlier failures were followed by a success, so this is the first failure of
+        # a new episode: retried as soon as the coordinator is found again (as Java and
+        # librdkafka do); repeated coordinator errors back off (next test).
         assert d.core.coordinator_needed
         assert d.hb() is None
         d.core.on_coordinator_known(d.now)
-        assert d.core.time_until_next_poll(d.now) == 100
-        assert d.hb() is None
-        d.advance(100)
+        assert d.core.time_until_next_poll(d.now) == 0
     else:
         assert d.state is S.JOINING
         assert d.core.time_until_next_poll(d.now) == 0  # right away, no backoff
     req = d.must_hb()
     assert req.rebalance_timeout_ms != -1  # and full
+
+
+@pytest.mark.parametrize("code", [ErrorCode.NOT_COORDINATOR, ErrorCode.COORDINATOR_NOT_AVAILABLE])
+def test_repeated_coordinator_errors_back_off_exponentially(code: ErrorCode) -> None:
+    """While __consumer_offsets loads, FindCoordinator keeps naming the same broker: only the
+    first retry of the episode is immediate, then retry.backoff.ms doubling to the max."""
+    d = stable(retry_backoff_jitter=0.0)
+    d.advance(INTERVAL)
+    d.must_hb()
+    delays = []
+    for _ in range(6):
+        d.respond(err(code))
+        assert d.hb() is None, "no heartbeat before the coordinator is found again"
+        d.core.on_coordinator_known(d.now)
+        delay = d.core.time_until_next_poll(d.now)
+        delays.append(delay)
+        if delay:
+            assert d.hb() is None
+            d.advance(delay)
+        d.must_hb()
+    assert delays == [0, 100, 200, 400, 800, 1000]
+    d.respond(ok(1))
+    assert d.state is S.STABLE
+    d.advance(INTERVAL)
+    d.must_hb()
+    d.respond(err(code))  # a new episode after the success: immediate again
+    d.core.on_coordinator_known(d.now)
+    assert d.core.time_until_next_poll(d.now) == 0
 
 
 def test_disconnect_marks_coordinator_unknown_timeout_does_not() -> None:
