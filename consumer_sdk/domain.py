@@ -163,7 +163,8 @@ class PartitionResult:
 @dataclass(frozen=True, slots=True)
 class OffsetFetchRequest:
     group_id: str
-    partitions: tuple[tuple[str, int], ...]
+    #: None: every partition the group has committed offsets for.
+    partitions: tuple[tuple[str, int], ...] | None
     member_id: str | None = None
     member_epoch: int = -1
     require_stable: bool = True

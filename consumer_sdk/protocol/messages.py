@@ -292,13 +292,13 @@ def offset_commit_from_kio(resp: Any) -> tuple[PartitionResult, ...]:
 def offset_fetch_call(req: OffsetFetchRequest, version: int) -> Call:
     request_mod, response_mod = _OF[version]
     by_topic: dict[str, list[i32]] = defaultdict(list)
-    for topic, partition in req.partitions:
+    for topic, partition in req.partitions or ():
         by_topic[topic].append(i32(partition))
     if version >= 8:
-        topics_v8 = tuple(
+        topics_v8 = None if req.partitions is None else tuple(
             request_mod.OffsetFetchRequestTopics(name=t, partition_indexes=tuple(ps))
             for t, ps in sorted(by_topic.items())
-        )
+        )  # fmt: skip
         group_fields: dict[str, Any] = dict(group_id=req.group_id, topics=topics_v8)
         if version >= 9:
             group_fields["member_id"] = req.member_id
@@ -308,10 +308,10 @@ def offset_fetch_call(req: OffsetFetchRequest, version: int) -> Call:
             require_stable=req.require_stable,
         )
     else:
-        topics = tuple(
+        topics = None if req.partitions is None else tuple(
             request_mod.OffsetFetchRequestTopic(name=t, partition_indexes=tuple(ps))
             for t, ps in sorted(by_topic.items())
-        )
+        )  # fmt: skip
         fields: dict[str, Any] = dict(group_id=req.group_id, topics=topics)
         if version >= 7:
             fields["require_stable"] = req.require_stable

@@ -394,6 +394,10 @@ class _Node:
         return False
 
 
+# COORDINATOR_LOAD_IN_PROGRESS, COORDINATOR_NOT_AVAILABLE, NOT_COORDINATOR: retried.
+_COORDINATOR_MOVING = frozenset({14, 15, 16})
+
+
 class _ClusterOps:
     """Topic, data and group operations over a bootstrap address (shared by the backends)."""
 
@@ -698,17 +702,44 @@ class _ClusterOps:
         )
 
     def committed(self, group: str, timeout: float = 30.0) -> dict[tuple[str, int], int]:
-        """``{(topic, partition): offset}`` committed by ``group`` (AdminClient OffsetFetch)."""
-        from confluent_kafka import ConsumerGroupTopicPartitions
+        """``{(topic, partition): offset}`` committed by ``group`` (OffsetFetch for all of the
+        group's partitions, through this SDK's protocol client). A coordinator that is moving
+        or loading (NOT_COORDINATOR, COORDINATOR_NOT_AVAILABLE, COORDINATOR_LOAD_IN_PROGRESS)
+        or unreachable is retried until ``timeout``."""
+        # Not AdminClient.list_consumer_group_offsets: librdkafka 2.16 crashed the process in
+        # it (SIGSEGV) when the group's coordinator moved during the call.
+        from consumer_sdk.domain import OffsetFetchRequest
+        from consumer_sdk.errors import KafkaException as SdkKafkaException
+        from consumer_sdk.protocol.client import ClusterClient
 
-        request = ConsumerGroupTopicPartitions(group)
-        [future] = self.admin().list_consumer_group_offsets([request]).values()
-        result = self._result(future, f"committed offsets of {group!r}", timeout)
-        return {
-            (tp.topic, tp.partition): tp.offset
-            for tp in result.topic_partitions or ()
-            if tp.offset >= 0 and tp.error is None
-        }
+        self._check_open()
+        deadline = time.monotonic() + timeout
+        last: object = None
+        request = OffsetFetchRequest(group, None, require_stable=False)
+        with ClusterClient({"bootstrap.servers": self._live_bootstrap()}) as client:
+            while time.monotonic() < deadline:
+                try:
+                    response = client.offset_fetch(request, timeout_s=5)
+                except SdkKafkaException as exc:  # transport, timeout, coordinator lookup
+                    last = exc
+                else:
+                    if response.error_code == 0:
+                        return {
+                            (r.topic, r.partition): r.offset
+                            for r in response.partitions
+                            if r.error_code == 0 and r.offset >= 0
+                        }
+                    if response.error_code not in _COORDINATOR_MOVING:
+                        raise KafkaClusterError(
+                            f"committed offsets of {group!r}: OffsetFetch failed with error "
+                            f"{response.error_code}",
+                            code=response.error_code,
+                        )
+                    last = f"error {response.error_code} (coordinator moving or loading)"
+                time.sleep(0.1)
+        raise KafkaClusterError(
+            f"committed offsets of {group!r}: no answer within {timeout:.0f}s: {last}"
+        )
 
 
 class KafkaCluster(_ClusterOps):
@@ -1076,42 +1107,39 @@ class KafkaCluster(_ClusterOps):
 
     # -- node faults ------------------------------------------------------------------------
 
-    def stop_node(self, node_id: int, timeout: float = 60.0) -> None:
-        """Controlled shutdown (SIGTERM) of one node; SIGKILL if it takes over ``timeout``."""
+    def _running_node(self, node_id: int) -> tuple[_Node, subprocess.Popen[bytes]]:
+        """Node ``node_id`` of an open cluster and its process, which must be running (a
+        paused node counts); KafkaClusterError otherwise."""
         self._check_open()
         node = self._node(node_id)
         if node.proc is None or not node.running():
             raise KafkaClusterError(f"node {node_id} is not running")
-        killed = _terminate_all([node.proc], timeout)
+        return node, node.proc
+
+    def stop_node(self, node_id: int, timeout: float = 60.0) -> None:
+        """Controlled shutdown (SIGTERM) of one node; SIGKILL if it takes over ``timeout``."""
+        _, proc = self._running_node(node_id)
+        killed = _terminate_all([proc], timeout)
         if killed:
             logger.warning("node %d ignored SIGTERM for %.0fs: SIGKILLed", node_id, timeout)
 
     def kill_node(self, node_id: int) -> None:
         """SIGKILL one node (no controlled shutdown: a crash)."""
-        self._check_open()
-        node = self._node(node_id)
-        if node.proc is None or not node.running():
-            raise KafkaClusterError(f"node {node_id} is not running")
-        _signal_group(node.proc, signal.SIGKILL)
-        node.proc.wait(timeout=30)
+        node, proc = self._running_node(node_id)
+        _signal_group(proc, signal.SIGKILL)
+        proc.wait(timeout=30)
         node.paused = False
 
     def pause_node(self, node_id: int) -> None:
         """SIGSTOP one node: it keeps its sockets open but answers nothing (a hung broker)."""
-        self._check_open()
-        node = self._node(node_id)
-        if node.proc is None or not node.running():
-            raise KafkaClusterError(f"node {node_id} is not running")
-        _signal_group(node.proc, signal.SIGSTOP)
+        node, proc = self._running_node(node_id)
+        _signal_group(proc, signal.SIGSTOP)
         node.paused = True
 
     def resume_node(self, node_id: int) -> None:
         """SIGCONT a node paused by `pause_node`."""
-        self._check_open()
-        node = self._node(node_id)
-        if node.proc is None or not node.running():
-            raise KafkaClusterError(f"node {node_id} is not running")
-        _signal_group(node.proc, signal.SIGCONT)
+        node, proc = self._running_node(node_id)
+        _signal_group(proc, signal.SIGCONT)
         node.paused = False
 
     def start_node(self, node_id: int, timeout: float | None = None) -> None:
