@@ -48,7 +48,8 @@ def _run_real(args: argparse.Namespace) -> int:
     from consumer_sdk.testing import KafkaCluster
 
     started = time.monotonic()
-    repeats, pairs = (2, 3) if args.quick else (3, 3)
+    repeats, pairs = (2, 3) if args.quick else (5, 5)
+    real_records = 100_000 if args.quick else 600_000
     out: dict[str, Any] = {}
     print("mock: rebalance convergence ...", flush=True)
     out["mock_convergence"] = convergence.run(args.quick, repeats=repeats)
@@ -62,7 +63,9 @@ def _run_real(args: argparse.Namespace) -> int:
         print("real: rebalance convergence ...", flush=True)
         out["real_convergence"] = convergence.run(args.quick, kafka=kafka, repeats=repeats)
         print("real: consume throughput ...", flush=True)
-        out["real_throughput"] = throughput.run(args.quick, kafka=kafka, pairs=pairs)
+        out["real_throughput"] = throughput.run(
+            args.quick, kafka=kafka, pairs=pairs, records=real_records
+        )
     wall = time.monotonic() - started
     load = os.getloadavg()
     out["kafka_version"] = version
@@ -73,49 +76,62 @@ def _run_real(args: argparse.Namespace) -> int:
 
     mc, rc = out["mock_convergence"], out["real_convergence"]
     mt, rt = out["mock_throughput"], out["real_throughput"]
+
+    def spread(values: list[float]) -> str:
+        return f"{min(values):.2f} to {max(values):.2f}"
+
     lines = [
         REAL_BEGIN,
         "",
         "## Real Apache Kafka and the mock, side by side",
         "",
-        f"Run {datetime.date.today().isoformat()} on {_machine()}; {_versions()}; Apache Kafka "
+        f"`python -m bench --broker real{' --quick' if args.quick else ''}`, run "
+        f"{datetime.date.today().isoformat()} on {_machine()}; {_versions()}; Apache Kafka "
         f"{version} (3 nodes, KRaft, `consumer_sdk.testing.KafkaCluster`). Whole run: "
-        f"{wall / 60:.1f} min{' (quick variant)' if args.quick else ''}; load average at the "
-        f"end {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}. Both backends in this one run, "
-        f"{repeats} repeats (clients alternating first), medians; ratios are consumer-sdk / "
-        "confluent-kafka (`group.protocol=consumer`) on the same cluster.",
+        f"{wall / 60:.1f} min; load average at the end {load[0]:.1f} / {load[1]:.1f} / "
+        f"{load[2]:.1f}. Both backends in this one run. Every figure is a pair: the SDK and "
+        "confluent-kafka (`group.protocol=consumer`) back to back on the same cluster with "
+        "the same settings, the order alternating; a ratio is consumer-sdk / confluent-kafka, "
+        "the median of the pairs' ratios, with their spread (lowest to highest).",
         "",
         f"Convergence (goal: ratio <= 1.0): {rc['members']} members, {rc['partitions']} "
         f"partitions, heartbeat interval {rc['heartbeat_interval_ms']} ms, session "
-        f"{rc['session_timeout_ms']} ms. *failover*: a member subscribes and at that moment "
-        "the group coordinator's node is stopped (real: controlled shutdown; mock: the "
-        "coordinator moved by decree); until the assignment with the new member is complete "
-        "and exclusive.",
+        f"{rc['session_timeout_ms']} ms, {repeats} pairs. *failover*: a member subscribes and "
+        "at that moment the group coordinator's node is stopped (real: controlled shutdown; "
+        "mock: the coordinator moved by decree); until the assignment with the new member is "
+        "complete and exclusive. Times are medians.",
         "",
-        "| scenario | mock: sdk | mock: confluent | mock ratio | real: sdk | real: confluent "
-        "| real ratio |",
+        "| scenario | mock: sdk | mock: confluent | mock ratio (spread) | real: sdk "
+        "| real: confluent | real ratio (spread) |",
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for name in convergence.SCENARIOS:
         m, r = mc["scenarios"][name], rc["scenarios"][name]
         lines.append(f"| {name} | {m['sdk_s']:.3f} s | {m['confluent_s']:.3f} s | "
-                     f"{m['ratio']:.2f} | {r['sdk_s']:.3f} s | {r['confluent_s']:.3f} s | "
-                     f"**{r['ratio']:.2f}** |")  # fmt: skip
+                     f"{m['ratio']:.2f} ({spread(m['ratios'])}) | {r['sdk_s']:.3f} s | "
+                     f"{r['confluent_s']:.3f} s | **{r['ratio']:.2f}** "
+                     f"({spread(r['ratios'])}) |")  # fmt: skip
+    config = ", ".join(f"`{k}={v}`" for k, v in rt["config"].items())
     lines += [
         "",
-        f"Consume throughput (goal: ratio >= 0.95): {rt['records']:,} records of "
-        f"{rt['record_bytes']} bytes in {rt['partitions']} partitions (real: replication "
-        "factor 3), the SDK's `Consumer` vs a raw assign-mode `confluent_kafka.Consumer`, "
-        f"median of {pairs} interleaved pair ratios.",
+        f"Consume throughput (goal: ratio >= 0.95): {mt['records']:,} (mock) and "
+        f"{rt['records']:,} (real, replication factor 3) records of {rt['record_bytes']} bytes "
+        f"spread over {rt['partitions']} partitions, the SDK's `Consumer` (subscribed) vs a raw "
+        f"assign-mode `confluent_kafka.Consumer`, {pairs} interleaved pairs; both with "
+        f"{config} (see `bench/throughput.py`: librdkafka's default 1 s prefetch backoff made a "
+        "run's time depend on whether its prefetch queue crossed 100,000 records). Rates are "
+        "medians.",
         "",
-        "| API | mock: sdk | mock: raw | mock ratio | real: sdk | real: raw | real ratio |",
+        "| API | mock: sdk | mock: raw | mock ratio (spread) | real: sdk | real: raw "
+        "| real ratio (spread) |",
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for mode in ("poll", "consume"):
         m, r = mt[mode], rt[mode]
         lines.append(f"| `{mode}` | {m['sdk_per_s']:,.0f}/s | {m['raw_per_s']:,.0f}/s | "
-                     f"{m['ratio']:.2f} | {r['sdk_per_s']:,.0f}/s | {r['raw_per_s']:,.0f}/s | "
-                     f"**{r['ratio']:.2f}** |")  # fmt: skip
+                     f"{m['ratio']:.2f} ({spread(m['ratios'])}) | {r['sdk_per_s']:,.0f}/s | "
+                     f"{r['raw_per_s']:,.0f}/s | **{r['ratio']:.2f}** "
+                     f"({spread(r['ratios'])}) |")  # fmt: skip
     missed = [f"{name} {rc['scenarios'][name]['ratio']:.2f}" for name in convergence.SCENARIOS
               if rc["scenarios"][name]["ratio"] > 1.0]  # fmt: skip
     missed += [f"`{mode}` {rt[mode]['ratio']:.2f}" for mode in ("poll", "consume")
@@ -123,31 +139,42 @@ def _run_real(args: argparse.Namespace) -> int:
     lines += [
         "",
         "Real-broker goals missed in this run: " + (", ".join(missed) if missed else "none") + ".",
-        "Each convergence step waits for the members' next heartbeats (500 ms apart), so single "
-        "runs of either client vary by up to an interval per step; on the real cluster the "
-        "failover also waits for the broker to move `__consumer_offsets` leadership and load "
-        "the group (the SDK's heartbeat trace shows NOT_COORDINATOR for 0.2-0.6 s, then "
-        "COORDINATOR_LOAD_IN_PROGRESS), and whichever client's first heartbeat to the new "
-        "coordinator lands after the other members' revocations gets its partitions one "
-        "interval earlier. Compare the per-run values below before reading a ratio from few "
-        "repeats; throughput pairs on this shared machine vary several-fold (see the JSON).",
+        "",
+        "Each convergence step waits for the members' next heartbeats (500 ms apart), so a "
+        "single run of either client varies by up to an interval per step: a pair's ratio "
+        "ranges widely (see the spread) and only the median over pairs says something. On the "
+        "real cluster the failover also waits for the broker to move `__consumer_offsets` "
+        "leadership and load the group: members see NOT_COORDINATOR (and then the new "
+        "coordinator still loading) for a few hundred ms; the SDK looks the coordinator up "
+        "again and retries at once the first time, with backoff after that, as librdkafka "
+        "does. A member that joined during the move gets its partitions from its first "
+        "heartbeat after the others released them, up to one interval later, for either "
+        "client.",
     ]
-    lines += ["", "Every run of each case (seconds, in run order):", ""]
+    lines += ["", "Every run of each case (convergence in seconds; in run order):", ""]
     for label, conv in (("mock", mc), ("real", rc)):
         for name in convergence.SCENARIOS:
             row = conv["scenarios"][name]
             sdk = ", ".join(f"{v:.2f}" for v in row["sdk_all"])
             ck = ", ".join(f"{v:.2f}" for v in row["confluent_all"])
             lines.append(f"- {label} {name}: sdk [{sdk}], confluent [{ck}]")
+    for label, thr in (("mock", mt), ("real", rt)):
+        for mode in ("poll", "consume"):
+            row = thr[mode]
+            sdk = ", ".join(f"{v / 1000:,.0f}k" for v in row["sdk_all"])
+            raw = ", ".join(f"{v / 1000:,.0f}k" for v in row["raw_all"])
+            lines.append(f"- {label} `{mode}` records/s: sdk [{sdk}], raw [{raw}]")
     lines += ["", REAL_END]
     section = "\n".join(lines)
     text = args.out.read_text(encoding="utf-8") if args.out.exists() else "# Benchmarks\n"
     args.out.write_text(_with_real_section(text, section), encoding="utf-8")
     for name in convergence.SCENARIOS:
-        print(f"{name:<10} mock {mc['scenarios'][name]['ratio']:.2f}  "
-              f"real {rc['scenarios'][name]['ratio']:.2f}")  # fmt: skip
+        m, r = mc["scenarios"][name], rc["scenarios"][name]
+        print(f"{name:<10} mock {m['ratio']:.2f} ({spread(m['ratios'])})  "
+              f"real {r['ratio']:.2f} ({spread(r['ratios'])})")  # fmt: skip
     for mode in ("poll", "consume"):
-        print(f"{mode:<10} mock {mt[mode]['ratio']:.2f}  real {rt[mode]['ratio']:.2f}")
+        print(f"{mode:<10} mock {mt[mode]['ratio']:.2f} ({spread(mt[mode]['ratios'])})  "
+              f"real {rt[mode]['ratio']:.2f} ({spread(rt[mode]['ratios'])})")  # fmt: skip
     print(f"updated {args.out} in {wall / 60:.1f} min")
     return 0
 
@@ -340,7 +367,8 @@ def main(argv: list[str] | None = None) -> int:
         "",
         f"{conv['members']} members, {conv['partitions']} partitions, member processes on one "
         f"EmbeddedKafka, heartbeat interval {conv['heartbeat_interval_ms']} ms, session "
-        f"{conv['session_timeout_ms']} ms, median of {conv['repeats']} runs. Time until every "
+        f"{conv['session_timeout_ms']} ms, {conv['repeats']} interleaved pairs (median times; "
+        "ratio: median of the pairs' ratios). Time until every "
         "partition is owned by exactly one live member (from the members' callbacks).",
         "",
         "| scenario | consumer-sdk | confluent-kafka | ratio |",
