@@ -91,15 +91,16 @@ def _run_real(args: argparse.Namespace) -> int:
         f"{wall / 60:.1f} min; load average at the end {load[0]:.1f} / {load[1]:.1f} / "
         f"{load[2]:.1f}. Both backends in this one run. Every figure is a pair: the SDK and "
         "confluent-kafka (`group.protocol=consumer`) back to back on the same cluster with "
-        "the same settings, the order alternating; a ratio is consumer-sdk / confluent-kafka, "
-        "the median of the pairs' ratios, with their spread (lowest to highest).",
+        "the same settings, the order alternating; ratios are consumer-sdk / confluent-kafka, "
+        "in parentheses the spread of the pairs' own ratios (lowest to highest).",
         "",
         f"Convergence (goal: ratio <= 1.0): {rc['members']} members, {rc['partitions']} "
         f"partitions, heartbeat interval {rc['heartbeat_interval_ms']} ms, session "
         f"{rc['session_timeout_ms']} ms, {repeats} pairs. *failover*: a member subscribes and "
         "at that moment the group coordinator's node is stopped (real: controlled shutdown; "
         "mock: the coordinator moved by decree); until the assignment with the new member is "
-        "complete and exclusive. Times are medians.",
+        "complete and exclusive. Times are medians; the ratio is of the medians (a single "
+        "pair's ratio is dominated by the heartbeat phase, see below).",
         "",
         "| scenario | mock: sdk | mock: confluent | mock ratio (spread) | real: sdk "
         "| real: confluent | real ratio (spread) |",
@@ -120,7 +121,8 @@ def _run_real(args: argparse.Namespace) -> int:
         f"assign-mode `confluent_kafka.Consumer`, {pairs} interleaved pairs; both with "
         f"{config} (see `bench/throughput.py`: librdkafka's default 1 s prefetch backoff made a "
         "run's time depend on whether its prefetch queue crossed 100,000 records). Rates are "
-        "medians.",
+        "medians; the ratio is the median of the pairs' ratios (both runs of a pair share the "
+        "machine's load of the moment).",
         "",
         "| API | mock: sdk | mock: raw | mock ratio (spread) | real: sdk | real: raw "
         "| real ratio (spread) |",
@@ -367,8 +369,8 @@ def main(argv: list[str] | None = None) -> int:
         "",
         f"{conv['members']} members, {conv['partitions']} partitions, member processes on one "
         f"EmbeddedKafka, heartbeat interval {conv['heartbeat_interval_ms']} ms, session "
-        f"{conv['session_timeout_ms']} ms, {conv['repeats']} interleaved pairs (median times; "
-        "ratio: median of the pairs' ratios). Time until every "
+        f"{conv['session_timeout_ms']} ms, {conv['repeats']} interleaved pairs (median times, "
+        "ratio of the medians). Time until every "
         "partition is owned by exactly one live member (from the members' callbacks).",
         "",
         "| scenario | consumer-sdk | confluent-kafka | ratio |",
