@@ -496,6 +496,7 @@ class MemberNetwork:
         now = _now_ms()
         with self._lock:
             core = self.core
+            was_stable = core.state is MemberState.STABLE
             if error is None:
                 core.on_heartbeat_response(now, response, request)
                 if response.error_code in _COORDINATOR_ERRORS:
@@ -507,7 +508,32 @@ class MemberNetwork:
                     self._coordinator_lost(failure.message)
             if self.coordinator.coordinator is None and core.coordinator_known:
                 core.on_coordinator_unknown(now)
+            # The steady state: a stable member's plain answer changed nothing but the
+            # heartbeat's own timer, so only that is rescheduled (see `_reschedule_heartbeat`).
+            quiet = (
+                was_stable and error is None and response.error_code == 0
+                and response.assignment is None and core.state is MemberState.STABLE
+                and not core.app_events and not core.background_events
+            )  # fmt: skip
+            wait_ms = core.time_until_next_poll(now) if quiet else 0
+        if wait_ms > 0 and self._reschedule_heartbeat(wait_ms):
+            return
         self._after()
+
+    def _reschedule_heartbeat(self, wait_ms: int) -> bool:
+        """After a quiet heartbeat answer: run again when the heartbeat is next due, if that is
+        earlier than the scheduled run; False if no run is scheduled (run now instead).
+
+        A full run would send nothing now (``wait_ms > 0``) and would wait
+        ``min(wait_ms, the other managers' waits)``; those are deadlines the scheduled run
+        already honours, as it was computed from them, so keeping it when it is earlier never
+        runs later than a full run would."""
+        timer = self._timer
+        if self._wake_queued or timer is None or timer.cancelled:
+            return False
+        if time.monotonic() + wait_ms / 1000 < self._timer_due:
+            self._schedule(wait_ms)
+        return True
 
     def _on_coordinator(self, result: Coordinator | None, error: KafkaException | None) -> None:
         self._shared_coordinators().done(self.config.group_id, result if error is None else None)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shutil
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -145,6 +146,32 @@ def test_many_members_one_thread_one_connection_per_broker(kafka: EmbeddedKafka)
     wait_until(
         lambda: not loop.running, timeout=10, description="the loop stopped with its last user"
     )
+
+
+def test_stable_members_heartbeat_at_the_broker_interval(kafka: EmbeddedKafka) -> None:
+    """A quiet answer only reschedules the heartbeat (no full run of the member): the next
+    one still goes at the broker's interval (300 ms here), not at the in-flight wait that
+    was scheduled when it was sent (the larger retry.backoff.max.ms, 1000 ms)."""
+    kafka.create_topic("nl-pace", partitions=2)
+    apps = [App(member(kafka.bootstrap_servers, "nl-pace")) for _ in range(2)]
+    try:
+        for app in apps:
+            app.net.submit(Subscribe(topics=("nl-pace",)))
+        poll_until(apps, lambda: all(a.net.state is MemberState.STABLE for a in apps)
+                   and cover(apps, "nl-pace", 2), "2 members stable")  # fmt: skip
+        assert all(a.net.core.heartbeat_interval_ms == 300 for a in apps)
+
+        def beats() -> list[float]:
+            return [a.net.core.metrics.snapshot(0)["heartbeat-total"] for a in apps]
+
+        before, start = beats(), time.monotonic()
+        poll_until(apps, lambda: time.monotonic() - start >= 4.0, "a 4 s window")
+        sent = [after - b for after, b in zip(beats(), before, strict=True)]
+        # About 13 each at 300 ms; 4 at the 1000 ms in-flight wait.
+        assert all(n >= 8 for n in sent), sent
+        assert all(a.net.state is MemberState.STABLE for a in apps)
+    finally:
+        close_all(apps)
 
 
 def test_commits_sync_and_async_land_on_the_coordinator(kafka: EmbeddedKafka) -> None:
