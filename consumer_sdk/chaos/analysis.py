@@ -12,10 +12,11 @@ SIGSTOPs the coordinator's node. A member that reports ``lost`` after such a fau
 fenced by the coordinator (no heartbeat of it for a session timeout), so its intervals end one
 session after the fault began. The faulted node counts as the coordinator when the driver
 found it so just before the fault, or when its coordinator watch (``coordinator_seen``) saw
-the group there when the fault began or while the node was down, as for a SIGSTOPped member (``fenced_unreachable``). Until it
-learns of the fencing it still owns the partitions in its own view: the time from the next
-owner's assignment to the member's ``lost`` is reported as a *zombie window*, not an overlap
-(no client can know it was fenced before it reaches the coordinator again).
+the group there when the fault began or while the node was down, as for a SIGSTOPped member
+(``fenced_unreachable``). Until it learns of the fencing it still owns the partitions in its
+own view: the time from the next owner's assignment to the member's ``lost`` is reported as a
+*zombie window*, not an overlap (no client can know it was fenced before it reaches the
+coordinator again).
 
 A record processed more than once is *explained* when every processing but the last was done
 by an incarnation whose ownership ended by a kill, a ``lost`` or fencing (not by a revoke),
