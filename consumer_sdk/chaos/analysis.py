@@ -18,6 +18,16 @@ own view: the time from the next owner's assignment to the member's ``lost`` is 
 *zombie window*, not an overlap (no client can know it was fenced before it reaches the
 coordinator again).
 
+An overlap is counted apart as the mock's (``overlaps_mock_reset``) only when the SDK owner's
+heartbeat trace proves it never released the partition: librdkafka's mock forgets which
+partitions a member owns when its connection closes (it resets the member's current and
+last-returned assignment) and then gives them to the first other member to heartbeat, while a
+real broker waits for the owner's heartbeat without them. The evidence required: the owner's
+interval ended with a revoke (it was never fenced), the coordinator broker went down during the
+interval after a heartbeat of the owner listed the partition, and every heartbeat the owner sent
+from its assignment until the other member's ``assign`` that reported owned partitions listed
+it (none was a leave). Any other overlap stays a violation.
+
 A record processed more than once is *explained* when every processing but the last was done
 by an incarnation whose ownership ended by a kill, a ``lost`` or fencing (not by a revoke),
 and which never committed past that record: it is uncommitted work redone by the next owner.
@@ -73,6 +83,7 @@ class Summary:
     duplicates_mock_readoption: int = 0
     overlaps: int = 0
     overlaps_mock_readoption: int = 0
+    overlaps_mock_reset: int = 0
     zombie_windows: int = 0
     zombie_max_s: float = 0.0
     committed_regressions: int = 0
@@ -117,7 +128,9 @@ class Summary:
             f"{self.duplicates_unexplained}; redone after the mock re-adopted a fenced member: "
             f"{self.duplicates_mock_readoption})",
             f"overlapping ownership:       {self.overlaps} (plus {self.overlaps_mock_readoption} "
-            "from the mock re-adopting a fenced member's stale partitions)",
+            "from the mock re-adopting a fenced member's stale partitions, "
+            f"{self.overlaps_mock_reset} from the mock forgetting an owner's partitions when "
+            "the coordinator's connections closed)",
             f"zombie windows:              {self.zombie_windows} (a fenced member not yet "
             f"aware while the next owner had the partition; longest {self.zombie_max_s:.2f}s)",
             f"committed-offset regressions: {self.committed_regressions}",
@@ -258,6 +271,38 @@ def _readopted(ivs: list[Interval], iv: Interval) -> bool:
     )
 
 
+def _mock_reset_evidence(
+    owner: Incarnation, a: Interval, b: Interval, coordinator_downs: list[float]
+) -> str | None:
+    """Why ``b`` taking ``a``'s partition is the mock's fault (module doc), or None.
+
+    ``b.start`` (its ``assign`` callback) is no earlier than when the broker gave it the
+    partition, so a release by ``a`` that the broker could have read must appear in ``a``'s
+    trace before it."""
+    if a.end_kind != "revoke":
+        return None
+    trace = [e for e in owner.events if e["ev"] == "hb" and a.start <= e["sent"] <= b.start]
+    if any(e["req_ep"] < 0 for e in trace):
+        return None  # a leave heartbeat releases everything
+    reports = [e for e in trace if e["tp"] is not None]
+    if any(a.partition not in e["tp"] for e in reports):
+        return None
+    for down in coordinator_downs:
+        before = [e for e in reports if e["sent"] < down]
+        if a.start <= down <= b.start and before:
+            after = [e for e in reports if e["sent"] >= down]
+            last = before[-1]
+            return (
+                f"{a.incarnation} still reported it owned: its heartbeat at {last['sent']:.3f} "
+                f"(epoch {last['req_ep']}) listed {last['tp']}, the coordinator broker went "
+                f"down at {down:.3f} (the mock forgets a member's partitions when its "
+                f"connection closes), and of the {len(trace)} heartbeats it sent until "
+                f"{b.incarnation} had the partition none released it"
+                + (f" ({len(after)} after the outage listed it again)" if after else "")
+            )
+    return None
+
+
 def _next_start(ivs: list[Interval], iv: Interval) -> float:
     """When the same incarnation next took ``iv``'s partition (its commits after that belong
     to the later ownership)."""
@@ -283,7 +328,7 @@ def analyze(
     s.incarnations = len(incs)
     s.examples = {"lost": [], "unexplained duplicates": [], "overlaps": [],
                   "regressions": [], "close failures": [], "fatal errors": [],
-                  "zombie windows": []}  # fmt: skip
+                  "zombie windows": [], "mock-reset overlaps": []}  # fmt: skip
     for ev in driver_events:
         if ev["ev"] in ACTION_EVENTS:
             s.actions[ev["ev"]] = s.actions.get(ev["ev"], 0) + 1
@@ -308,6 +353,9 @@ def analyze(
                 s.examples["lost"].append(f"partition {p} offset {o}")
 
     # ownership
+    coordinator_downs = sorted(
+        ev["t"] for ev in driver_events if ev["ev"] == "broker_down" and ev.get("coordinator")
+    )
     all_intervals: dict[Partition, list[Interval]] = defaultdict(list)
     by_inc: dict[str, list[Interval]] = {}
     for inc in incs.values():
@@ -332,9 +380,19 @@ def analyze(
                 if a.incarnation == b.incarnation:
                     continue
                 overlap = min(a.end, b.end) - b.start
-                if overlap > overlap_tolerance_s and _readopted(by_inc[b.incarnation], b):
+                if overlap <= overlap_tolerance_s:
+                    continue
+                reset = _mock_reset_evidence(incs[a.incarnation], a, b, coordinator_downs)
+                if _readopted(by_inc[b.incarnation], b):
                     s.overlaps_mock_readoption += 1
-                elif overlap > overlap_tolerance_s:
+                elif reset is not None:
+                    s.overlaps_mock_reset += 1
+                    s.examples["mock-reset overlaps"].append(
+                        f"partition {p}: {a.incarnation} [{a.start:.3f}, {a.end:.3f} "
+                        f"{a.end_kind}] and {b.incarnation} [{b.start:.3f}, {b.end:.3f}] "
+                        f"overlap {overlap:.3f}s: {reset}"
+                    )
+                else:
                     s.overlaps += 1
                     s.examples["overlaps"].append(
                         f"partition {p}: {a.incarnation} [{a.start:.3f}, {a.end:.3f} "

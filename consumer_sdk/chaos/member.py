@@ -7,7 +7,11 @@ incarnation: name and pid) and the member id/epoch when known:
 
 ``start`` / ``assign`` / ``revoke`` / ``lost`` (``parts``: partitions) / ``rec`` (``p``, ``o``)
 / ``commit`` (``offsets``: partition -> next offset) / ``commit_failed`` / ``error`` /
-``closed`` (``took``) / ``exit``.
+``closed`` (``took``) / ``exit``. SDK members also log every ConsumerGroupHeartbeat they send
+(``hb``: ``sent`` time, request epoch ``req_ep``, ``tp``: the partitions its TopicPartitions
+field reported as owned, or null when the field was left out as unchanged, and the outcome:
+``err`` and ``resp_ep``, ``assigned`` (null: unchanged), or ``fail``), which is the evidence the
+checker needs to tell the mock broker's faults from the SDK's (`analysis`).
 
 Commit policy: synchronous commits after processing each batch (``enable.auto.commit`` is
 off). A batch's records are logged and flushed to the OS before its commit, so a record that
@@ -99,10 +103,41 @@ class ChaosMember:
         if self.impl == "sdk":
             from consumer_sdk import Consumer
 
-            return Consumer(self._config())
+            consumer = Consumer(self._config())
+            self._trace_heartbeats(consumer)
+            return consumer
         import confluent_kafka
 
         return confluent_kafka.Consumer(self._config())
+
+    def _trace_heartbeats(self, consumer: Any) -> None:
+        """Log each heartbeat the SDK puts on the wire, with its outcome (see the module doc).
+
+        The chaos topic is the only one subscribed, so every partition in TopicPartitions is
+        one of its partitions."""
+        client: Any = getattr(consumer, "_client", None)
+        send = getattr(client, "heartbeat", None)
+        if send is None:
+            log.error("heartbeat trace unavailable: the consumer has no client.heartbeat")
+            return
+
+        def parts(topics: Any) -> list[int] | None:
+            return None if topics is None else sorted(p for t in topics for p in t.partitions)
+
+        def traced(request: Any, timeout_s: float | None = None) -> Any:
+            sent = time.time()
+            fields = {"sent": sent, "req_ep": request.member_epoch,
+                      "tp": parts(request.topic_partitions)}  # fmt: skip
+            try:
+                response = send(request, timeout_s)
+            except Exception as exc:
+                self.log.write("hb", fail=f"{type(exc).__name__}: {exc}", **fields)
+                raise
+            self.log.write("hb", err=response.error_code, resp_ep=response.member_epoch,
+                           assigned=parts(response.assignment), **fields)  # fmt: skip
+            return response
+
+        client.heartbeat = traced
 
     def _identity(self) -> None:
         c = self.consumer

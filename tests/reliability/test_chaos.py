@@ -140,6 +140,73 @@ def test_checker_counts_the_mock_re_adopting_a_fenced_member_apart() -> None:
     assert summary.overlaps_mock_readoption == 1 and summary.duplicates_mock_readoption == 1
 
 
+def hb(sent: float, inc: str, tp: list[int] | None, req_ep: int = 5, **outcome: Any) -> Any:
+    """A heartbeat from an SDK member's trace (``tp``: the partitions it reported owned)."""
+    return ev(sent + 0.002, "hb", inc, sent=sent, req_ep=req_ep, tp=tp,
+              **(outcome or {"err": 0, "resp_ep": req_ep, "assigned": None}))  # fmt: skip
+
+
+def mock_reset_run(**change: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The soak's overlap (seed 20261124): a owns p0 and reports it; the coordinator broker
+    goes down at 5.0 and up at 6.4; b gets p0 (assign at 6.6) before a heartbeats again; a's
+    first heartbeat after the outage (6.7, full after its failure) still lists p0, its
+    response revokes it, on_revoke runs (7.0) and only then a reports it released (7.01)."""
+    members = [
+        ev(1.0, "assign", "a/1", parts=[0]),
+        hb(1.1, "a/1", [0]),
+        hb(1.6, "a/1", None),
+        hb(4.6, "a/1", None),
+        hb(5.1, "a/1", None, fail="KafkaTransportError: connection closed by the broker"),
+        change.get("extra", hb(6.7, "a/1", [0], assigned=[])),
+        ev(7.0, "revoke", "a/1", parts=[0]),
+        hb(7.01, "a/1", [], assigned=[0]),
+        ev(6.6, "assign", "b/2", parts=[0]),
+        ev(7.5, "commit", "b/2", offsets={"0": 4}),
+    ]
+    members = [*members[:1], *(e for e in members[1:] if e not in change.get("drop", []))]
+    members += [ev(1.2 + i / 10, "rec", "a/1", p=0, o=i) for i in range(4)]
+    members += [ev(1.7, "commit", "a/1", offsets={"0": 4})]
+    driver = [ev(change.get("down", 5.0), "broker_down", "", broker=1,
+                 coordinator=change.get("coordinator", True)),
+              ev(6.4, "broker_up", "", broker=1)]  # fmt: skip
+    return members, driver
+
+
+def test_checker_counts_an_overlap_after_the_mock_forgot_the_owner_apart() -> None:
+    members, driver = mock_reset_run()
+    summary = check(members, driver)
+    assert summary.violations == {}, summary.format()
+    assert summary.overlaps == 0 and summary.overlaps_mock_reset == 1
+    (example,) = summary.examples["mock-reset overlaps"]
+    assert "a/1 still reported it owned: its heartbeat at 1.100 (epoch 5) listed [0]" in example
+    assert "went down at 5.000" in example
+    assert "from the mock forgetting an owner's partitions" in summary.format()
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        # the SDK released p0 before b got it (an SDK bug, e.g. acking before on_revoke)
+        {"extra": hb(6.5, "a/1", [], assigned=[])},
+        # a full heartbeat built from the wrong set after the failure
+        {"extra": hb(6.45, "a/1", [1])},
+        # a leave heartbeat went out
+        {"extra": hb(6.5, "a/1", None, req_ep=-1)},
+        # no coordinator outage: nothing made the mock forget
+        {"coordinator": False},
+        # the outage came before the owner ever reported p0
+        {"down": 0.5},
+        # no trace of the owner (a confluent-kafka member, or an SDK without the trace)
+        {"drop": [hb(1.1, "a/1", [0])]},
+    ],
+)
+def test_checker_keeps_every_other_overlap_a_violation(change: dict[str, Any]) -> None:
+    members, driver = mock_reset_run(**change)
+    summary = check(members, driver)
+    assert summary.violations == {"overlaps": 1}, summary.format()
+    assert summary.overlaps_mock_reset == 0
+
+
 def test_checker_flags_committed_offset_regressions_and_slow_closes() -> None:
     events = [*clean_run(), ev(3.0, "closed", "b/2", took=12.5)]
     summary = check(events, samples=[(1.0, {0: 3}), (2.0, {0: 2}), (3.0, {0: 4})])
