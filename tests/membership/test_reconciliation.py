@@ -249,6 +249,30 @@ def test_assigned_callback_failure_keeps_partitions_unfetchable_and_retries() ->
     assert owned_of(d.must_hb()) == {T1: (0, 1)}
 
 
+def test_partitions_lost_while_the_assigned_callback_runs_stay_unfetchable() -> None:
+    """Issue 12 item 9: fenced while on_assign runs, the member has lost every partition, the
+    added ones included; when the callback completes none becomes fetchable (the runtime
+    unfences only ``fetchable_partitions``), and on_lost gets them all."""
+    d = stable({T1: [0]})
+    _deliver(d, 2, {T1: [0, 1]})
+    (assigned,) = d.pending_callbacks()
+    assert (assigned.kind, assigned.partitions) == (ASSIGNED, (("t1", 1),))
+    assert d.core.fetchable_partitions == {("t1", 0)}
+    d.advance(INTERVAL)
+    d.must_hb()
+    d.respond(err(ErrorCode.FENCED_MEMBER_EPOCH))
+    assert d.state is S.FENCED
+    assert d.core.pending_revocation == {("t1", 0), ("t1", 1)}
+    assert d.core.fetchable_partitions == frozenset()
+    d.complete(assigned)  # on_assign returns after the fencing
+    assert d.core.fetchable_partitions == frozenset()
+    assert d.core.pending_revocation == {("t1", 0), ("t1", 1)}
+    (lost,) = d.pending_callbacks()
+    assert (lost.kind, lost.partitions) == (LOST, (("t1", 0), ("t1", 1)))
+    d.complete(lost)
+    assert d.core.assigned_partitions == frozenset() and d.state is S.JOINING
+
+
 def test_listener_callbacks_basic_sequence() -> None:
     d = stable({T1: [0]})
     _deliver(d, 2, {T1: [1]})
