@@ -190,6 +190,43 @@ def test_any_error_or_failure_makes_the_next_heartbeat_full(outcome: object) -> 
     assert (req.subscribed_topic_names, req.subscribed_topic_regex) == (("t1",), "")
 
 
+def test_full_heartbeats_list_a_partition_until_its_revocation_callback_ran() -> None:
+    """The soak's overlap (seed 20261124): a revocation arrives after a coordinator outage
+    while the application thread is busy; every heartbeat until on_revoke has run (full ones
+    after failures included) still reports the partition owned, so no broker can hand it on."""
+    d = stable({T1: [0, 1]})
+    d.advance(INTERVAL)
+    d.must_hb()
+    d.fail(FailureKind.DISCONNECTED)  # the coordinator broker went down
+    d.core.on_coordinator_known(d.now)
+    d.advance(1000)
+    req = d.must_hb()
+    assert _is_full(req) and owned_of(req) == {T1: (0, 1)}
+    d.respond(ok(1, {T1: [0]}))  # revoke t1-1; the application has not polled yet
+    for failure in (FailureKind.TIMEOUT, FailureKind.DISCONNECTED, None):
+        d.advance(INTERVAL)
+        req = d.must_hb()
+        assert owned_of(req) in (None, {T1: (0, 1)}), req
+        if failure is None:
+            d.respond(ok(1))
+        else:
+            d.fail(failure)
+            d.core.on_coordinator_known(d.now)
+            d.advance(1000)
+            full = d.must_hb()
+            assert _is_full(full) and owned_of(full) == {T1: (0, 1)}, full
+            d.respond(ok(1))
+    d.app_poll()
+    (revoke,) = d.pending_callbacks()
+    assert revoke.partitions == (("t1", 1),)
+    d.advance(INTERVAL)
+    assert owned_of(d.must_hb()) in (None, {T1: (0, 1)})  # on_revoke still running
+    d.respond(ok(1))
+    d.run_callbacks()
+    release = d.must_hb()
+    assert owned_of(release) == {T1: (0,)}
+
+
 def test_acks_reconciled_assignment_again_after_the_ack_is_lost() -> None:
     d = Driver()
     d.metadata()
