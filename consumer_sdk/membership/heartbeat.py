@@ -206,6 +206,9 @@ class HeartbeatRequestManager:
         self._regular_count = 0  # REGULAR heartbeats in ``_in_flight``
         self._coordinator_known = False
         self._poll_deadline_ms: int | None = None
+        # The generation whose join heartbeat was answered without an assignment: its next
+        # join heartbeat waits for the interval instead of going out at once.
+        self._join_answered: int | None = None
 
     # ------------------------------------------------------------------------------------------
     # Views
@@ -297,11 +300,21 @@ class HeartbeatRequestManager:
             return PollResult(request, self.time_until_next_poll(now_ms))
         return PollResult(None, self.time_until_next_poll(now_ms))
 
+    def _heartbeat_now(self, state: MemberState) -> bool:
+        """JOINING, ACKNOWLEDGING and LEAVING heartbeat at once, except a join already answered
+        without an assignment (librdkafka's mock answers epoch 0 and none while the target's
+        partitions are held elsewhere): retried at once, it would loop as fast as the broker
+        answers. Like librdkafka, it waits for the interval (a real broker always answers a
+        join with an assignment)."""
+        if state is S.JOINING and self._join_answered == self._m.generation:
+            return False
+        return state in HEARTBEAT_NOW
+
     def _can_send(self, now_ms: int, state: MemberState) -> bool:
         if self._regular_in_flight():
             return False
         timing = self._timing
-        if state in HEARTBEAT_NOW:
+        if self._heartbeat_now(state):
             return timing.failure_backoff_remaining(now_ms) == 0
         return timing.interval_remaining(now_ms) == 0 and timing.backoff_remaining(now_ms) == 0
 
@@ -324,7 +337,7 @@ class HeartbeatRequestManager:
             poll_remaining = None
         if self._regular_in_flight():
             wait = idle  # the response wakes the host up
-        elif state in HEARTBEAT_NOW:
+        elif self._heartbeat_now(state):
             wait = timing.failure_backoff_remaining(now_ms)
         else:
             wait = max(timing.interval_remaining(now_ms), timing.backoff_remaining(now_ms))
@@ -470,6 +483,8 @@ class HeartbeatRequestManager:
             else:
                 m.on_heartbeat_success(now_ms, response)
                 m.maybe_reconcile(now_ms, can_commit=False)
+                if m.state is S.JOINING:
+                    self._join_answered = m.generation
         else:
             self._on_error_response(now_ms, response, stale)
         if record.kind is _Kind.LEAVE:

@@ -271,6 +271,38 @@ def test_joining_retries_after_backoff_not_in_a_tight_loop() -> None:
     assert d.must_hb().member_epoch == 0
 
 
+def test_a_join_answered_without_an_assignment_waits_for_the_interval() -> None:
+    """librdkafka's mock answers a joining member epoch 0 and no assignment while its target's
+    partitions are still held by others (a SIGSTOPped member: up to a session timeout). The
+    member heartbeats again after the interval, as librdkafka and current Java clients do, not
+    at once (the chaos soak saw 8,500 heartbeats in one second)."""
+    d = Driver()
+    d.metadata()
+    d.join("t1")
+    d.respond(ok(0, interval=500))
+    assert d.state is S.JOINING
+    assert d.hb() is None
+    assert d.core.time_until_next_poll(d.now) == 500
+    d.advance(499)
+    assert d.hb() is None
+    d.advance(1)
+    again = d.must_hb()
+    assert again.member_epoch == 0
+    d.respond(ok(1, {T1: [0]}))
+    assert d.state is S.RECONCILING
+    # a later rejoin (fenced) goes out at once again
+    d.app_poll()
+    d.run_callbacks()
+    d.must_hb()
+    d.respond(ok(1))
+    d.advance(INTERVAL)
+    d.must_hb()
+    d.respond(err(ErrorCode.FENCED_MEMBER_EPOCH))
+    d.run_callbacks()
+    assert d.state is S.JOINING
+    assert d.must_hb().member_epoch == 0
+
+
 def test_time_until_next_poll_is_bounded_by_half_the_poll_timer() -> None:
     d = stable(rebalance_timeout_ms=4000)
     d.app_poll()
