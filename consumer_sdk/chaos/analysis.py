@@ -81,6 +81,7 @@ class Summary:
     duplicates_explained: int = 0
     duplicates_unexplained: int = 0
     duplicates_mock_readoption: int = 0
+    duplicates_mock_reset: int = 0
     overlaps: int = 0
     overlaps_mock_readoption: int = 0
     overlaps_mock_reset: int = 0
@@ -126,7 +127,8 @@ class Summary:
             f"duplicates:                  {self.duplicates} (explained by killed/fenced "
             f"members' uncommitted work: {self.duplicates_explained}, unexplained: "
             f"{self.duplicates_unexplained}; redone after the mock re-adopted a fenced member: "
-            f"{self.duplicates_mock_readoption})",
+            f"{self.duplicates_mock_readoption}; redone by a member the mock gave an owned "
+            f"partition: {self.duplicates_mock_reset})",
             f"overlapping ownership:       {self.overlaps} (plus {self.overlaps_mock_readoption} "
             "from the mock re-adopting a fenced member's stale partitions, "
             f"{self.overlaps_mock_reset} from the mock forgetting an owner's partitions when "
@@ -241,7 +243,9 @@ def intervals(inc: Incarnation, session_s: float, interval_s: float = 0.0) -> li
     for p in list(open_):
         if inc.killed_at is not None:
             end = inc.killed_at
-            stops = [s for s in inc.stopped_at if s <= end]
+            start = open_[p]
+            # a stop before this ownership began (the member was resumed since) does not end it
+            stops = [s for s in inc.stopped_at if start <= s <= end]
             if stops:
                 end = min(end, stops[-1] + session_s - interval_s)
             out.append(Interval(inc.name, p, open_.pop(p), end, "kill"))
@@ -272,33 +276,86 @@ def _readopted(ivs: list[Interval], iv: Interval) -> bool:
 
 
 def _mock_reset_evidence(
-    owner: Incarnation, a: Interval, b: Interval, coordinator_downs: list[float]
+    owner: Incarnation,
+    taker: Incarnation,
+    a: Interval,
+    b: Interval,
+    coordinator_faults: list[tuple[float, str]],
 ) -> str | None:
     """Why ``b`` taking ``a``'s partition is the mock's fault (module doc), or None.
 
     ``b.start`` (its ``assign`` callback) is no earlier than when the broker gave it the
-    partition, so a release by ``a`` that the broker could have read must appear in ``a``'s
-    trace before it."""
+    partition, so a release by ``a`` that the broker could have read must come before it."""
     if a.end_kind != "revoke":
         return None
+    if _impl(owner) == "sdk":
+        return _sdk_owner_evidence(owner, a, b, coordinator_faults)
+    if _impl(owner) == "ck" and _impl(taker) == "sdk":
+        return _ck_owner_evidence(taker, a, b, coordinator_faults)
+    return None
+
+
+def _impl(inc: Incarnation) -> str:
+    return next((str(e.get("impl")) for e in inc.events if e["ev"] == "start"), "")
+
+
+def _sdk_owner_evidence(
+    owner: Incarnation, a: Interval, b: Interval, coordinator_faults: list[tuple[float, str]]
+) -> str | None:
+    """The owner's trace: every heartbeat it sent from its ``assign`` until ``b`` had the
+    partition that reported owned partitions listed it (none a leave), one did before the
+    coordinator broker went down (the mock then forgot it)."""
     trace = [e for e in owner.events if e["ev"] == "hb" and a.start <= e["sent"] <= b.start]
     if any(e["req_ep"] < 0 for e in trace):
         return None  # a leave heartbeat releases everything
     reports = [e for e in trace if e["tp"] is not None]
     if any(a.partition not in e["tp"] for e in reports):
         return None
-    for down in coordinator_downs:
-        before = [e for e in reports if e["sent"] < down]
-        if a.start <= down <= b.start and before:
-            after = [e for e in reports if e["sent"] >= down]
+    # The latest outage of the coordinator broker (a coordinator move leaves the SDK's
+    # connection to the old coordinator open, so the mock keeps its state then).
+    for fault, what in reversed(coordinator_faults):
+        before = [e for e in reports if e["sent"] < fault]
+        if what == "went down" and a.start <= fault <= b.start and before:
+            after = [e for e in reports if e["sent"] >= fault]
             last = before[-1]
             return (
                 f"{a.incarnation} still reported it owned: its heartbeat at {last['sent']:.3f} "
-                f"(epoch {last['req_ep']}) listed {last['tp']}, the coordinator broker went "
-                f"down at {down:.3f} (the mock forgets a member's partitions when its "
-                f"connection closes), and of the {len(trace)} heartbeats it sent until "
+                f"(epoch {last['req_ep']}) listed {last['tp']}, the coordinator {what} at "
+                f"{fault:.3f} (the mock forgets a member's partitions when its connection "
+                f"closes), and of the {len(trace)} heartbeats it sent until "
                 f"{b.incarnation} had the partition none released it"
-                + (f" ({len(after)} after the outage listed it again)" if after else "")
+                + (f" ({len(after)} after that listed it again)" if after else "")
+            )
+    return None
+
+
+def _ck_owner_evidence(
+    taker: Incarnation, a: Interval, b: Interval, coordinator_faults: list[tuple[float, str]]
+) -> str | None:
+    """A confluent-kafka owner acknowledges a revocation only after its revoke callback has
+    returned (``a.end``); the SDK taker's trace shows the broker granted the partition before
+    that, after the coordinator went down or moved (librdkafka closes its coordinator
+    connection when the coordinator changes, and the mock then forgets its partitions)."""
+    grants = [
+        e for e in taker.events
+        if e["ev"] == "hb" and e.get("assigned") is not None and a.partition in e["assigned"]
+        and e["t"] <= b.start and b.start - e["t"] < 10.0
+    ]  # fmt: skip
+    if not grants:
+        return None
+    grant = grants[-1]
+    if grant["t"] >= a.end:
+        return None
+    for fault, what in reversed(coordinator_faults):  # the latest before the grant
+        if a.start <= fault <= grant["t"]:
+            return (
+                f"the broker gave it to {b.incarnation} at {grant['t']:.3f} (heartbeat "
+                f"response, epoch {grant['resp_ep']}, assigned {grant['assigned']}) while "
+                f"{a.incarnation} (confluent-kafka, which acknowledges a revocation only after "
+                f"on_revoke returns) was still to release it: its on_revoke ended at "
+                f"{a.end:.3f}; the coordinator {what} at {fault:.3f} (librdkafka closes its "
+                "coordinator connection on a coordinator change, and the mock forgets a "
+                "member's partitions when its connection closes)"
             )
     return None
 
@@ -353,9 +410,12 @@ def analyze(
                 s.examples["lost"].append(f"partition {p} offset {o}")
 
     # ownership
-    coordinator_downs = sorted(
-        ev["t"] for ev in driver_events if ev["ev"] == "broker_down" and ev.get("coordinator")
+    coordinator_faults = sorted(
+        (ev["t"], "went down" if ev["ev"] == "broker_down" else "moved")
+        for ev in driver_events
+        if (ev["ev"] == "broker_down" and ev.get("coordinator")) or ev["ev"] == "coordinator"
     )
+    mock_reset_intervals: set[tuple[str, Partition, float]] = set()
     all_intervals: dict[Partition, list[Interval]] = defaultdict(list)
     by_inc: dict[str, list[Interval]] = {}
     for inc in incs.values():
@@ -382,11 +442,15 @@ def analyze(
                 overlap = min(a.end, b.end) - b.start
                 if overlap <= overlap_tolerance_s:
                     continue
-                reset = _mock_reset_evidence(incs[a.incarnation], a, b, coordinator_downs)
+                reset = _mock_reset_evidence(
+                    incs[a.incarnation], incs[b.incarnation], a, b, coordinator_faults
+                )
                 if _readopted(by_inc[b.incarnation], b):
                     s.overlaps_mock_readoption += 1
                 elif reset is not None:
                     s.overlaps_mock_reset += 1
+                    for iv in (a, b):
+                        mock_reset_intervals.add((iv.incarnation, iv.partition, iv.start))
                     s.examples["mock-reset overlaps"].append(
                         f"partition {p}: {a.incarnation} [{a.start:.3f}, {a.end:.3f} "
                         f"{a.end_kind}] and {b.incarnation} [{b.start:.3f}, {b.end:.3f}] "
@@ -409,6 +473,7 @@ def analyze(
         instances.sort()
         explained = 0
         readopted = 0
+        reset_redone = 0
         reasons = []
         for t, name in instances:
             owned = [iv for iv in by_inc.get(name, []) if iv.partition == p and iv.start <= t]
@@ -425,6 +490,8 @@ def analyze(
                 explained += 1
             elif covering is not None and _readopted(by_inc[name], covering):
                 readopted += 1  # the overlap counted apart above made it process this again
+            elif covering is not None and (name, p, covering.start) in mock_reset_intervals:
+                reset_redone += 1  # processed during an overlap the mock made (counted apart)
             reasons.append(
                 f"{name}@{t:.3f}:{covering.end_kind if covering else 'unowned'}"
                 f"{'+committed' if committed_past else ''}"
@@ -433,8 +500,11 @@ def analyze(
         unexplained = max(0, len(instances) - 1 - explained)
         by_mock = min(unexplained, readopted)
         unexplained -= by_mock
+        by_reset = min(unexplained, reset_redone)
+        unexplained -= by_reset
         s.duplicates_mock_readoption += by_mock
-        s.duplicates_explained += len(instances) - 1 - unexplained - by_mock
+        s.duplicates_mock_reset += by_reset
+        s.duplicates_explained += len(instances) - 1 - unexplained - by_mock - by_reset
         s.duplicates_unexplained += unexplained
         if unexplained:
             s.examples["unexplained duplicates"].append(

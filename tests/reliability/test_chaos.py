@@ -152,6 +152,7 @@ def mock_reset_run(**change: Any) -> tuple[list[dict[str, Any]], list[dict[str, 
     first heartbeat after the outage (6.7, full after its failure) still lists p0, its
     response revokes it, on_revoke runs (7.0) and only then a reports it released (7.01)."""
     members = [
+        ev(0.5, "start", "a/1", impl="sdk"),
         ev(1.0, "assign", "a/1", parts=[0]),
         hb(1.1, "a/1", [0]),
         hb(1.6, "a/1", None),
@@ -160,10 +161,11 @@ def mock_reset_run(**change: Any) -> tuple[list[dict[str, Any]], list[dict[str, 
         change.get("extra", hb(6.7, "a/1", [0], assigned=[])),
         ev(7.0, "revoke", "a/1", parts=[0]),
         hb(7.01, "a/1", [], assigned=[0]),
+        ev(6.0, "start", "b/2", impl="ck"),
         ev(6.6, "assign", "b/2", parts=[0]),
         ev(7.5, "commit", "b/2", offsets={"0": 4}),
     ]
-    members = [*members[:1], *(e for e in members[1:] if e not in change.get("drop", []))]
+    members = [e for e in members if e not in change.get("drop", [])]
     members += [ev(1.2 + i / 10, "rec", "a/1", p=0, o=i) for i in range(4)]
     members += [ev(1.7, "commit", "a/1", offsets={"0": 4})]
     driver = [ev(change.get("down", 5.0), "broker_down", "", broker=1,
@@ -179,7 +181,7 @@ def test_checker_counts_an_overlap_after_the_mock_forgot_the_owner_apart() -> No
     assert summary.overlaps == 0 and summary.overlaps_mock_reset == 1
     (example,) = summary.examples["mock-reset overlaps"]
     assert "a/1 still reported it owned: its heartbeat at 1.100 (epoch 5) listed [0]" in example
-    assert "went down at 5.000" in example
+    assert "the coordinator went down at 5.000" in example
     assert "from the mock forgetting an owner's partitions" in summary.format()
 
 
@@ -205,6 +207,75 @@ def test_checker_keeps_every_other_overlap_a_violation(change: dict[str, Any]) -
     summary = check(members, driver)
     assert summary.violations == {"overlaps": 1}, summary.format()
     assert summary.overlaps_mock_reset == 0
+
+
+def ck_owner_run(grant_at: float = 6.5, fault: str = "coordinator") -> list[dict[str, Any]]:
+    """The soak's other overlap: the confluent-kafka member a owns p0, the coordinator moves at
+    5.0 (librdkafka closes its old coordinator connection), the SDK member b is granted p0 at
+    ``grant_at`` (its traced heartbeat response) and a's on_revoke ends at 7.0."""
+    return [
+        ev(0.5, "start", "a/1", impl="ck"),
+        ev(1.0, "assign", "a/1", parts=[0]),
+        *(ev(1.2 + i / 10, "rec", "a/1", p=0, o=i) for i in range(4)),
+        ev(1.7, "commit", "a/1", offsets={"0": 4}),
+        ev(7.0, "revoke", "a/1", parts=[0]),
+        ev(2.0, "start", "b/2", impl="sdk"),
+        hb(grant_at - 0.002, "b/2", [1], assigned=[0, 1], resp_ep=9),
+        ev(grant_at + 0.01, "assign", "b/2", parts=[0]),
+        ev(7.5, "commit", "b/2", offsets={"0": 4}),
+    ]
+
+
+def test_checker_counts_an_overlap_with_a_confluent_kafka_owner_the_mock_forgot_apart() -> None:
+    summary = check(ck_owner_run(), [ev(5.0, "coordinator", "", broker=2)])
+    assert summary.violations == {}, summary.format()
+    assert summary.overlaps_mock_reset == 1
+    (example,) = summary.examples["mock-reset overlaps"]
+    assert "the broker gave it to b/2 at 6.500" in example
+    assert "on_revoke ended at 7.000" in example and "moved at 5.000" in example
+
+
+@pytest.mark.parametrize(
+    ("members", "driver"),
+    [
+        (ck_owner_run(), []),  # no coordinator fault
+        (ck_owner_run(), [ev(6.55, "coordinator", "", broker=2)]),  # only after the grant
+        # the taker has no trace (it is not an SDK member)
+        ([{**e, "impl": "ck"} if e["ev"] == "start" else e for e in ck_owner_run()
+          if e["ev"] != "hb"], [ev(5.0, "coordinator", "", broker=2)]),
+    ],
+    ids=["no-fault", "fault-after-grant", "no-trace"],
+)  # fmt: skip
+def test_checker_keeps_other_overlaps_with_a_confluent_kafka_owner(
+    members: list[dict[str, Any]], driver: list[dict[str, Any]]
+) -> None:
+    summary = check(members, driver)
+    assert summary.violations == {"overlaps": 1}, summary.format()
+
+
+def test_checker_counts_work_redone_in_a_mock_reset_overlap_apart() -> None:
+    """The member the mock gave the partition early starts from the committed offset of then,
+    so it redoes what the owner processed and committed meanwhile: counted with the overlap."""
+    members, driver = mock_reset_run()
+    members += [ev(6.7, "rec", "b/2", p=0, o=3), ev(6.8, "commit", "b/2", offsets={"0": 4})]
+    summary = check(members, driver)
+    assert summary.violations == {}, summary.format()
+    assert summary.duplicates == summary.duplicates_mock_reset == 1
+
+
+def test_checker_ends_a_killed_members_later_ownership_at_the_kill() -> None:
+    """A stop before the ownership began (the member was resumed since) does not end it."""
+    events = [
+        ev(1.0, "assign", "a/1", parts=[0]),
+        ev(8.0, "lost", "a/1", parts=[0]),  # stopped at 1.5, resumed at 7.9
+        ev(8.1, "assign", "a/1", parts=[0]),
+        ev(12.0, "assign", "b/2", parts=[0]),  # a killed at 13.0: an overlap
+        *(ev(12.1 + i / 10, "rec", "b/2", p=0, o=i) for i in range(4)),
+        ev(12.6, "commit", "b/2", offsets={"0": 4}),
+    ]
+    driver = [ev(1.5, "stop", "a/1"), ev(7.9, "cont", "a/1"), ev(13.0, "kill", "a/1")]
+    summary = check(events, driver, samples=[(14.0, {0: 4})])
+    assert summary.violations == {"overlaps": 1}, summary.format()
 
 
 def test_checker_flags_committed_offset_regressions_and_slow_closes() -> None:
