@@ -274,8 +274,9 @@ def test_joining_retries_after_backoff_not_in_a_tight_loop() -> None:
 def test_a_join_answered_without_an_assignment_waits_for_the_interval() -> None:
     """librdkafka's mock answers a joining member epoch 0 and no assignment while its target's
     partitions are still held by others (a SIGSTOPped member: up to a session timeout). The
-    member heartbeats again after the interval, as librdkafka and current Java clients do, not
-    at once (the chaos soak saw 8,500 heartbeats in one second)."""
+    member heartbeats again after the interval, as librdkafka does, not at once (the chaos soak
+    saw 8,500 heartbeats in one second). A real broker always answers a join with an
+    assignment, so this changes nothing there."""
     d = Driver()
     d.metadata()
     d.join("t1")
