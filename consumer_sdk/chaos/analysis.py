@@ -18,15 +18,15 @@ own view: the time from the next owner's assignment to the member's ``lost`` is 
 *zombie window*, not an overlap (no client can know it was fenced before it reaches the
 coordinator again).
 
-An overlap is counted apart as the mock's (``overlaps_mock_reset``) only when the SDK owner's
-heartbeat trace proves it never released the partition: librdkafka's mock forgets which
-partitions a member owns when its connection closes (it resets the member's current and
-last-returned assignment) and then gives them to the first other member to heartbeat, while a
-real broker waits for the owner's heartbeat without them. The evidence required: the owner's
-interval ended with a revoke (it was never fenced), the coordinator broker went down during the
-interval after a heartbeat of the owner listed the partition, and every heartbeat the owner sent
-from its assignment until the other member's ``assign`` that reported owned partitions listed
-it (none was a leave). Any other overlap stays a violation.
+On the mock, an overlap is counted apart as the mock's (``overlaps_mock_reset``) only with
+proof that the owner never released the partition: librdkafka's mock forgets which partitions
+a member owns when its connection to the coordinator closes (it resets the member's current
+and last-returned assignment) and then gives them to the first other member to heartbeat,
+while a real broker waits for the owner's heartbeat without them. For an SDK owner its
+heartbeat trace is the proof (`_sdk_owner_evidence`); for a confluent-kafka owner, the SDK
+taker's trace of the grant, before the owner's ``on_revoke`` ended (`_ck_owner_evidence`).
+Records the taker redid meanwhile are counted apart with it. Any other overlap stays a
+violation.
 
 A record processed more than once is *explained* when every processing but the last was done
 by an incarnation whose ownership ended by a kill, a ``lost`` or fencing (not by a revoke),
@@ -410,10 +410,16 @@ def analyze(
                 s.examples["lost"].append(f"partition {p} offset {o}")
 
     # ownership
+    broker = next(
+        (ev.get("args", {}).get("broker", "mock") for ev in driver_events if ev["ev"] == "start"),
+        "mock",
+    )
+    # the mock's connection-close fault (module doc); a real broker has none
     coordinator_faults = sorted(
         (ev["t"], "went down" if ev["ev"] == "broker_down" else "moved")
         for ev in driver_events
-        if (ev["ev"] == "broker_down" and ev.get("coordinator")) or ev["ev"] == "coordinator"
+        if broker == "mock"
+        and ((ev["ev"] == "broker_down" and ev.get("coordinator")) or ev["ev"] == "coordinator")
     )
     mock_reset_intervals: set[tuple[str, Partition, float]] = set()
     all_intervals: dict[Partition, list[Interval]] = defaultdict(list)

@@ -253,6 +253,12 @@ def test_checker_keeps_other_overlaps_with_a_confluent_kafka_owner(
     assert summary.violations == {"overlaps": 1}, summary.format()
 
 
+def test_checker_never_blames_a_real_broker_for_an_overlap() -> None:
+    members, driver = mock_reset_run()
+    driver.insert(0, ev(0.0, "start", "", args={"broker": "real"}))
+    assert check(members, driver).violations == {"overlaps": 1}
+
+
 def test_checker_counts_work_redone_in_a_mock_reset_overlap_apart() -> None:
     """The member the mock gave the partition early starts from the committed offset of then,
     so it redoes what the owner processed and committed meanwhile: counted with the overlap."""
