@@ -195,11 +195,13 @@ class GroupMembership:
     def drain_background_events(self) -> list[BackgroundEvent]:
         """Remove and return the queued background events, oldest first (thread-safe)."""
         out: list[BackgroundEvent] = []
-        while True:
+        events = self.background_events
+        while events:  # checked first: polls mostly find it empty (no exception raised)
             try:
-                out.append(self.background_events.popleft())
-            except IndexError:
-                return out
+                out.append(events.popleft())
+            except IndexError:  # another thread drained it in between
+                break
+        return out
 
     # ------------------------------------------------------------------------------------------
     # Network side
@@ -208,12 +210,9 @@ class GroupMembership:
     def poll(self, now_ms: int) -> PollResult:
         """Process queued application events, reconcile (background pass: no revocation, no
         commit), and return the heartbeat to send now, if any."""
-        while True:
-            try:
-                event = self.app_events.popleft()
-            except IndexError:
-                break
-            self.handle(event, now_ms)
+        events = self.app_events
+        while events:  # the network side is the only consumer; mostly empty
+            self.handle(events.popleft(), now_ms)
         self._manager.maybe_reconcile(now_ms, can_commit=False)
         return self._heartbeat.poll(now_ms)
 
