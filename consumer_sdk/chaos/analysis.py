@@ -188,8 +188,17 @@ def incarnations(
         if ev["ev"] in CUT_OFF_EVENTS
         and (ev.get("how") == "stop" or ev.get("coordinator") or _was_coordinator(ev, drivers))
     ]
+    # On the mock, a confluent-kafka member can outlast its session cut off by a coordinator
+    # outage (librdkafka's reconnect backoff grows to reconnect.backoff.max.ms, 10 s); the SDK
+    # member gets no such allowance (its backoff is capped at 1 s: fencing it is a violation).
+    outages = [
+        ev["t"] for ev in driver_events if ev["ev"] == "broker_down" and ev.get("coordinator")
+    ]
     for inc in incs.values():
         inc.cut_off_at.extend(cut_offs)
+        if _impl(inc) == "ck":
+            inc.cut_off_at.extend(outages)
+            inc.cut_off_at.sort()
     for inc in incs.values():
         inc.events.sort(key=lambda e: e["t"])
     return incs

@@ -259,6 +259,30 @@ def test_checker_never_blames_a_real_broker_for_an_overlap() -> None:
     assert check(members, driver).violations == {"overlaps": 1}
 
 
+@pytest.mark.parametrize(("impl", "violations"), [("ck", {}), ("sdk", {"overlaps": 1})])
+def test_checker_ends_a_confluent_kafka_members_ownership_after_a_coordinator_outage(
+    impl: str, violations: dict[str, int]
+) -> None:
+    """The coordinator broker is down 5.0-7.4; a confluent-kafka member whose reconnect backoff
+    outlasts its 6 s session is fenced at about 11 and learns it at 12.0: a zombie window.
+    An SDK member (reconnect backoff capped at 1 s) fenced that way is a violation."""
+    events = [
+        ev(0.5, "start", "a/1", impl=impl),
+        ev(1.0, "assign", "a/1", parts=[0]),
+        *(ev(1.2 + i / 10, "rec", "a/1", p=0, o=i) for i in range(4)),
+        ev(1.7, "commit", "a/1", offsets={"0": 4}),
+        ev(11.2, "assign", "b/2", parts=[0]),
+        ev(11.3, "commit", "b/2", offsets={"0": 4}),
+        ev(12.0, "lost", "a/1", parts=[0]),
+    ]
+    driver = [ev(5.0, "broker_down", "", broker=1, coordinator=True),
+              ev(7.4, "broker_up", "", broker=1)]  # fmt: skip
+    summary = analyze(events, driver, {0: 4}, [(13.0, {0: 4})], session_s=6.0,
+                      close_timeout_s=10.0, heartbeat_interval_s=0.5)  # fmt: skip
+    assert summary.violations == violations, summary.format()
+    assert summary.zombie_windows == (1 if impl == "ck" else 0)
+
+
 def test_checker_counts_work_redone_in_a_mock_reset_overlap_apart() -> None:
     """The member the mock gave the partition early starts from the committed offset of then,
     so it redoes what the owner processed and committed meanwhile: counted with the overlap."""
