@@ -327,9 +327,13 @@ def main(argv: list[str] | None = None) -> int:
                 spark = spark_source.run(args.quick)
             except Exception as exc:  # recorded, not hidden
                 spark = {"error": f"{type(exc).__name__}: {exc}"}
+    # Sections this run does not measure (e.g. `--broker real`'s "real_vs_mock") are kept.
+    json_path = DOCS / "benchmarks.json"
+    kept = json.loads(json_path.read_text()) if json_path.exists() else {}
     (DOCS / "benchmarks.json").write_text(
         json.dumps(
             {
+                **kept,
                 "convergence": conv,
                 "throughput": thr,
                 "heartbeat": hb,
