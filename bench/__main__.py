@@ -49,7 +49,7 @@ def _run_real(args: argparse.Namespace) -> int:
 
     started = time.monotonic()
     repeats, pairs = (2, 3) if args.quick else (5, 5)
-    real_records = 100_000 if args.quick else 600_000
+    real_records = 100_000 if args.quick else 1_200_000
     out: dict[str, Any] = {}
     print("mock: rebalance convergence ...", flush=True)
     out["mock_convergence"] = convergence.run(args.quick, repeats=repeats)
