@@ -17,6 +17,7 @@ import statistics
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import confluent_kafka
@@ -37,7 +38,33 @@ def _available(bootstrap: str, topic: str, partitions: int) -> int:
         c.close()
 
 
-def _raw(bootstrap: str, topic: str, partitions: int, n: int, batch: bool) -> float:
+def _read(c: Any, n: int, batch: bool, what: Callable[[int], str]) -> tuple[float, float]:
+    """Read ``n`` records with ``c`` (the same loop for both clients); records per second of
+    wall-clock time and per second of this process's CPU time, from the first record."""
+    got = 0
+    start: float | None = None
+    cpu_start = 0.0
+    deadline = time.monotonic() + 300
+    while got < n:
+        if time.monotonic() > deadline:
+            raise TimeoutError(what(got))
+        if batch:
+            msgs = c.consume(500, 1.0)
+        else:
+            m = c.poll(1.0)
+            msgs = [m] if m is not None else []
+        for m in msgs:
+            if m.error() is None:
+                if start is None:
+                    start, cpu_start = time.perf_counter(), time.process_time()
+                got += 1
+    now, cpu_now = time.perf_counter(), time.process_time()
+    elapsed = now - (start or now)
+    cpu = cpu_now - (cpu_start if start is not None else cpu_now)
+    return (got - 1) / elapsed, (got - 1) / max(cpu, 1e-6)
+
+
+def _raw(bootstrap: str, topic: str, partitions: int, n: int, batch: bool) -> tuple[float, float]:
     c = confluent_kafka.Consumer(
         {
             "bootstrap.servers": bootstrap,
@@ -48,51 +75,27 @@ def _raw(bootstrap: str, topic: str, partitions: int, n: int, batch: bool) -> fl
     )
     c.assign([confluent_kafka.TopicPartition(topic, p, confluent_kafka.OFFSET_BEGINNING)
               for p in range(partitions)])  # fmt: skip
-    got = 0
-    start: float | None = None
-    deadline = time.monotonic() + 300
-    while got < n:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"raw consumer read {got} of {n} records in 300 s")
-        if batch:
-            msgs = c.consume(500, 1.0)
-        else:
-            m = c.poll(1.0)
-            msgs = [m] if m is not None else []
-        for m in msgs:
-            if m.error() is None:
-                if start is None:
-                    start = time.perf_counter()
-                got += 1
-    elapsed = time.perf_counter() - (start or time.perf_counter())
-    c.close()
-    return (got - 1) / elapsed
+    try:
+        return _read(c, n, batch, lambda got: f"raw consumer read {got} of {n} records in 300 s")
+    finally:
+        c.close()
 
 
-def _sdk(bootstrap: str, topic: str, n: int, batch: bool) -> float:
+def _sdk(bootstrap: str, topic: str, n: int, batch: bool) -> tuple[float, float]:
     from consumer_sdk import Consumer
 
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"sdk-{uuid.uuid4().hex[:6]}",
                   "auto.offset.reset": "earliest", **CONSUMER_CONFIG})  # fmt: skip
     c.subscribe([topic])
-    got = 0
-    start: float | None = None
-    deadline = time.monotonic() + 300
-    while got < n:
-        if time.monotonic() > deadline:
-            raise TimeoutError(
-                f"SDK consumer read {got} of {n} records in 300 s (state {c.state.name}, "
-                f"assignment {[tp.partition for tp in c.assignment()]})"
-            )
-        msgs = c.consume(500, 1.0) if batch else [m for m in [c.poll(1.0)] if m is not None]
-        for m in msgs:
-            if m.error() is None:
-                if start is None:
-                    start = time.perf_counter()
-                got += 1
-    elapsed = time.perf_counter() - (start or time.perf_counter())
-    c.close()
-    return (got - 1) / elapsed
+
+    def what(got: int) -> str:
+        return (f"SDK consumer read {got} of {n} records in 300 s (state {c.state.name}, "
+                f"assignment {[tp.partition for tp in c.assignment()]})")  # fmt: skip
+
+    try:
+        return _read(c, n, batch, what)
+    finally:
+        c.close()
 
 
 def run(
@@ -109,6 +112,7 @@ def run(
     payload = [b"x" * 100] * 5_000
     results: dict[str, list[float]] = {}
     ratios: dict[str, list[float]] = {"poll": [], "consume": []}
+    cpu_ratios: dict[str, list[float]] = {"poll": [], "consume": []}
     pairs = pairs or (3 if quick else 5)
     with contextlib.ExitStack() as stack:
         if kafka is None:
@@ -124,14 +128,17 @@ def run(
         for i in range(pairs):
             for mode, batch in (("poll", False), ("consume", True)):
                 if i % 2 == 0:
-                    raw = _raw(kafka.bootstrap_servers, topic, partitions, n, batch)
-                    sdk = _sdk(kafka.bootstrap_servers, topic, n, batch)
+                    raw, raw_cpu = _raw(kafka.bootstrap_servers, topic, partitions, n, batch)
+                    sdk, sdk_cpu = _sdk(kafka.bootstrap_servers, topic, n, batch)
                 else:
-                    sdk = _sdk(kafka.bootstrap_servers, topic, n, batch)
-                    raw = _raw(kafka.bootstrap_servers, topic, partitions, n, batch)
+                    sdk, sdk_cpu = _sdk(kafka.bootstrap_servers, topic, n, batch)
+                    raw, raw_cpu = _raw(kafka.bootstrap_servers, topic, partitions, n, batch)
                 results.setdefault(f"raw_{mode}", []).append(raw)
                 results.setdefault(f"sdk_{mode}", []).append(sdk)
+                results.setdefault(f"raw_cpu_{mode}", []).append(raw_cpu)
+                results.setdefault(f"sdk_cpu_{mode}", []).append(sdk_cpu)
                 ratios[mode].append(sdk / raw)
+                cpu_ratios[mode].append(sdk_cpu / raw_cpu)
     out: dict[str, Any] = {"records": n, "record_bytes": 100, "partitions": partitions,
                            "pairs": pairs, "config": dict(CONSUMER_CONFIG)}  # fmt: skip
     if n <= 0:
@@ -142,7 +149,12 @@ def run(
         out[mode] = {"raw_per_s": raw, "sdk_per_s": sdk,
                      "ratio": statistics.median(ratios[mode]), "ratios": ratios[mode],
                      "raw_all": results[f"raw_{mode}"],
-                     "sdk_all": results[f"sdk_{mode}"]}  # fmt: skip
+                     "sdk_all": results[f"sdk_{mode}"],
+                     # records per CPU second of the consuming process (all its threads)
+                     "raw_per_cpu_s": statistics.median(results[f"raw_cpu_{mode}"]),
+                     "sdk_per_cpu_s": statistics.median(results[f"sdk_cpu_{mode}"]),
+                     "cpu_ratio": statistics.median(cpu_ratios[mode]),
+                     "cpu_ratios": cpu_ratios[mode]}  # fmt: skip
     return out
 
 
@@ -151,4 +163,4 @@ if __name__ == "__main__":
     for mode in ("poll", "consume"):
         row = result[mode]
         print(f"{mode:<8} raw {row['raw_per_s']:,.0f}/s  sdk {row['sdk_per_s']:,.0f}/s  "
-              f"ratio {row['ratio']:.2f}")  # fmt: skip
+              f"ratio {row['ratio']:.2f}  per CPU second {row['cpu_ratio']:.2f}")  # fmt: skip
