@@ -48,7 +48,7 @@ def _run_real(args: argparse.Namespace) -> int:
     from consumer_sdk.testing import KafkaCluster
 
     started = time.monotonic()
-    repeats, pairs = (2, 3) if args.quick else (5, 5)
+    repeats, pairs = (2, 3) if args.quick else (8, 5)
     real_records = 100_000 if args.quick else 1_200_000
     out: dict[str, Any] = {}
     print("mock: rebalance convergence ...", flush=True)
