@@ -128,6 +128,11 @@ class CoordinatorManager:
     def in_flight(self) -> bool:
         return self._in_flight
 
+    @property
+    def failures(self) -> int:
+        """Failed attempts in the current episode (0 once the coordinator is found)."""
+        return self._episode.failures
+
     def poll(self, now_ms: int, needed: bool) -> FindCoordinatorSend | None:
         if self.coordinator is not None or not needed or self._in_flight:
             return None
@@ -311,6 +316,7 @@ class _Pending:
     attempts: int = 0
     retry_at_ms: int = 0
     in_flight: bool = False
+    epoch: int = -1  # the member epoch when the commit was made (used once the member left)
 
 
 class CommitRequestManager:
@@ -349,8 +355,14 @@ class CommitRequestManager:
         offsets: Mapping[Partition, OffsetLike],
         kind: CommitKind,
         timeout_ms: int | None = None,
+        epoch: int = -1,
     ) -> int:
-        """Queue a commit; returns its id (its `CommitResult` carries the same id)."""
+        """Queue a commit; returns its id (its `CommitResult` carries the same id).
+
+        ``epoch`` is the member epoch the commit was made under: it is sent with the epoch
+        current at send time, or with ``epoch`` if the member has left the group since (an
+        asynchronous commit made in the revoke callback of a close that ends up sent after
+        the leave heartbeat still carries the epoch the offsets were consumed under)."""
         commit_id = self._next_id
         self._next_id += 1
         todo = {
@@ -358,7 +370,7 @@ class CommitRequestManager:
             if o.offset >= 0 and o.offset > self._last_committed.get(p, -1)
         }  # fmt: skip
         deadline = now_ms + (self._default_timeout if timeout_ms is None else max(timeout_ms, 0))
-        pending = _Pending(commit_id, kind, todo, deadline)
+        pending = _Pending(commit_id, kind, todo, deadline, epoch=epoch)
         if not todo:
             self._completed.append(CommitResult(commit_id, kind, {}))
         else:
@@ -393,6 +405,13 @@ class CommitRequestManager:
     def last_committed(self) -> dict[Partition, int]:
         return dict(self._last_committed)
 
+    def observe_committed(self, offsets: Mapping[Partition, int]) -> None:
+        """Offsets the group is known to have committed (an OffsetFetch answer): later
+        commits below them are skipped."""
+        for p, offset in offsets.items():
+            if offset > self._last_committed.get(p, -1):
+                self._last_committed[p] = offset
+
     @property
     def pending(self) -> int:
         """Commits queued or in flight."""
@@ -415,10 +434,10 @@ class CommitRequestManager:
         if not coordinator_known:
             return []
         sends = []
-        epoch = member_epoch if member_epoch > 0 else -1
         for p in self._queue:
             if p.in_flight or now_ms < p.retry_at_ms:
                 continue
+            epoch = member_epoch if member_epoch > 0 else (p.epoch if p.epoch > 0 else -1)
             p.in_flight = True
             p.attempts += 1
             request = OffsetCommitRequest(

@@ -4,15 +4,19 @@ confluent-kafka sends a client's librdkafka log lines to the ``logging.Logger`` 
 ``logger``. The SDK does the same for its own records: everything the consumer's background
 thread logs (connections, authentication, heartbeats, rebalances, commits) is handed to that
 logger instead of the ``consumer_sdk.*`` loggers. Records are matched by emitting thread, so
-two consumers in one process each keep their own logger.
+two consumers in one process each keep their own logger. On the shared network loop, whose
+thread runs many members, a member's work runs inside `routed_logs` (the records of shared
+connections, which belong to no one member, stay with the ``consumer_sdk`` loggers).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
+from collections.abc import Iterator
 
-__all__ = ["route_thread_logs", "unroute_thread_logs"]
+__all__ = ["enable_routing", "route_thread_logs", "routed_logs", "unroute_thread_logs"]
 
 _SDK_LOGGERS = ("consumer_sdk", "consumer_sdk.runtime", "consumer_sdk.protocol",
                 "consumer_sdk.membership")  # fmt: skip
@@ -31,7 +35,9 @@ class _ThreadRouter(logging.Filter):
         self._local = threading.local()
 
     def filter(self, record: logging.LogRecord) -> bool:
-        target = self.routes.get(threading.current_thread())
+        target = getattr(self._local, "target", None) or self.routes.get(
+            threading.current_thread()
+        )
         if target is None or getattr(self._local, "busy", False):
             return True
         logger = target.logger if isinstance(target, logging.LoggerAdapter) else target
@@ -48,19 +54,46 @@ _router = _ThreadRouter()
 _lock = threading.Lock()
 
 
+def _install() -> None:
+    names = set(_SDK_LOGGERS) | {
+        name for name in logging.root.manager.loggerDict if name.startswith("consumer_sdk.")
+    }
+    for name in names:
+        sdk_logger = logging.getLogger(name)
+        if _router not in sdk_logger.filters:
+            sdk_logger.addFilter(_router)
+
+
 def route_thread_logs(
     thread: threading.Thread, logger: logging.Logger | logging.LoggerAdapter[logging.Logger]
 ) -> None:
     """Send the SDK's records emitted on ``thread`` to ``logger`` (until unrouted)."""
     with _lock:
-        names = set(_SDK_LOGGERS) | {
-            name for name in logging.root.manager.loggerDict if name.startswith("consumer_sdk.")
-        }
-        for name in names:
-            sdk_logger = logging.getLogger(name)
-            if _router not in sdk_logger.filters:
-                sdk_logger.addFilter(_router)
+        _install()
         _router.routes[thread] = logger
+
+
+def enable_routing() -> None:
+    """Install the router on the SDK's loggers (for `routed_logs`)."""
+    with _lock:
+        _install()
+
+
+@contextlib.contextmanager
+def routed_logs(logger: _Target | None) -> Iterator[None]:
+    """Send the SDK's records emitted by this thread inside the block to ``logger`` (None:
+    no routing; call `enable_routing` once first). Used by the shared network loop around
+    one member's work."""
+    if logger is None:
+        yield
+        return
+    local = _router._local
+    previous = getattr(local, "target", None)
+    local.target = logger
+    try:
+        yield
+    finally:
+        local.target = previous
 
 
 def unroute_thread_logs(thread: threading.Thread) -> None:

@@ -6,9 +6,12 @@ process-wide network loop: each run polls the managers, sends what they ask for 
 shared connections, and schedules the next run at the earliest time any of them is due.
 Responses are applied on the loop thread as they arrive. There is no thread per member.
 
-The application side (a facade running callbacks on the application thread) talks to it only
-through thread-safe methods: `submit` application events, `commit` offsets,
-`drain_background_events`, `wait_for_events`, and `stop`.
+The application side (`GroupMember`, running callbacks on the application thread) talks to
+it only through thread-safe methods: `submit` application events, `commit` offsets,
+`fetch_offsets`, `drain_background_events`, `wait_for_events`, and `stop`. The hooks given
+to the constructor run on the loop thread. Methods below the "loop side" marker run on the
+loop thread only; every loop-side entry point is guarded: an exception fails this member
+(`failure`, raised to its application) and never the loop or the other members.
 """
 
 from __future__ import annotations
@@ -19,10 +22,19 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Concatenate, ParamSpec
+
+from confluent_kafka import KafkaError
 
 from consumer_sdk.config import ConsumerConfig
-from consumer_sdk.domain import ClusterMetadata, Coordinator, HeartbeatRequest, PartitionResult
+from consumer_sdk.domain import (
+    ClusterMetadata,
+    Coordinator,
+    HeartbeatRequest,
+    OffsetFetchRequest,
+    OffsetFetchResponse,
+    PartitionResult,
+)
 from consumer_sdk.error_codes import ErrorCode
 from consumer_sdk.errors import (
     KafkaException,
@@ -40,6 +52,7 @@ from consumer_sdk.membership import (
     GroupMembership,
     MemberState,
     Poll,
+    StateChanged,
 )
 from consumer_sdk.membership.heartbeat import Backoff
 from consumer_sdk.membership.requests import (
@@ -50,6 +63,7 @@ from consumer_sdk.membership.requests import (
     MetadataManager,
     OffsetLike,
 )
+from consumer_sdk.observability.log_routing import enable_routing, routed_logs
 from consumer_sdk.protocol import messages as m
 from consumer_sdk.protocol.connection import TlsHandshakeError
 from consumer_sdk.protocol.heartbeat_codec import HeartbeatEncoder
@@ -70,6 +84,53 @@ _IDLE_MS = 5_000
 _REBALANCE_POLL_GAP_S = 0.002
 
 _ENCODER = HeartbeatEncoder()  # used on the loop thread only
+# FindCoordinator failures in a row after which error_cb hears of an unreachable coordinator.
+_UNREACHABLE_AFTER = 3
+
+_P = ParamSpec("_P")
+CommitHook = Callable[[CommitResult, Mapping[Partition, OffsetLike]], None]
+LogTarget = logging.Logger | logging.LoggerAdapter[logging.Logger]
+
+
+def _member_work(
+    method: Callable[Concatenate[MemberNetwork, _P], None],
+) -> Callable[Concatenate[MemberNetwork, _P], None]:
+    """A loop-thread entry point of one member: routed to its logger, and an exception fails
+    this member only (the loop goes on serving the others)."""
+
+    def run(self: MemberNetwork, /, *args: _P.args, **kwargs: _P.kwargs) -> None:
+        if self.failure is not None:
+            return
+        try:
+            if self._logger is None:
+                method(self, *args, **kwargs)
+            else:
+                with routed_logs(self._logger):
+                    method(self, *args, **kwargs)
+        except Exception as exc:
+            self._fail(exc)
+
+    run.__name__ = method.__name__
+    run.__doc__ = method.__doc__
+    return run
+
+
+class _Fetch:
+    """An OffsetFetch the application thread waits for."""
+
+    __slots__ = ("cancelled", "deadline", "done", "error", "request", "result")
+
+    def __init__(self, request: OffsetFetchRequest, deadline: float) -> None:
+        self.request = request
+        self.deadline = deadline
+        self.done = threading.Event()
+        self.result: OffsetFetchResponse | None = None
+        self.error: KafkaException | None = None
+        self.cancelled = False
+
+    def finish(self, result: OffsetFetchResponse | None, error: KafkaException | None) -> None:
+        self.result, self.error = result, error
+        self.done.set()
 
 
 class _TopicNames:
@@ -134,9 +195,14 @@ def failure_of(exc: KafkaException) -> Failure:
 class MemberNetwork:
     """One member's network side on the shared loop; see the module docstring.
 
-    ``on_events`` (optional) is called on the loop thread whenever background events or
-    commit results are ready for the application side (after `wait_for_events` waiters
-    have been woken).
+    Hooks, all called on the loop thread: ``on_state_change`` for every transition of the
+    core; ``auto_commit_offsets`` returns what an auto-commit commits now (None or empty:
+    nothing; without it, ``consumed_offsets`` of the assigned partitions while in the group);
+    ``on_fence`` gets the partitions pending revocation after a heartbeat outcome (the data
+    plane stops handing out their records at once); ``on_commit_done`` gets each finished
+    commit not waited for by `commit_sync` (else `drain_results` returns them);
+    ``on_group_error`` gets errors meant for ``error_cb`` only. ``logger`` receives the
+    member's log records (the ``logger`` configuration key).
     """
 
     def __init__(
@@ -146,6 +212,12 @@ class MemberNetwork:
         loop: NetworkLoop | None = None,
         consumed_offsets: Callable[[], Mapping[Partition, OffsetLike]] | None = None,
         rng: random.Random | None = None,
+        on_state_change: Callable[[StateChanged], None] | None = None,
+        auto_commit_offsets: Callable[[], Mapping[Partition, OffsetLike] | None] | None = None,
+        on_fence: Callable[[set[Partition]], None] | None = None,
+        on_commit_done: CommitHook | None = None,
+        on_group_error: Callable[[KafkaError], None] | None = None,
+        logger: LogTarget | None = None,
     ) -> None:
         c = self.config = config
         self._settings = c.connection
@@ -153,9 +225,14 @@ class MemberNetwork:
         self._bootstrap = parse_bootstrap_servers(c.bootstrap_servers)
         self._bootstrap_index = 0
         self._rng = rng or random.Random()
+        self.failure: KafkaException | None = None
+        self._logger = logger
+        if logger is not None:
+            enable_routing()
         self.core = GroupMembership(
             c.membership_config(),
             rng=self._rng,
+            on_state_change=on_state_change,
         )
 
         def backoff() -> Backoff:
@@ -169,7 +246,14 @@ class MemberNetwork:
             default_timeout_ms=c.connection.socket_timeout_ms,
         )  # fmt: skip
         self._consumed_offsets = consumed_offsets
-        self._lock = threading.RLock()  # the core and the managers
+        self._auto_commit_offsets = auto_commit_offsets
+        self._on_fence = on_fence
+        self._on_commit_done = on_commit_done
+        self._on_group_error = on_group_error
+        self._commit_offsets: dict[int, Mapping[Partition, OffsetLike]] = {}
+        self._commit_sent_ms: dict[int, int] = {}
+        self._fetches: list[_Fetch] = []
+        self.lock = self._lock = threading.RLock()  # the core and the managers
         self._events = threading.Condition(threading.Lock())
         self._results: list[CommitResult] = []
         self._commit_waiters: dict[int, threading.Event] = {}
@@ -236,15 +320,60 @@ class MemberNetwork:
         offsets: Mapping[Partition, OffsetLike],
         kind: CommitKind,
         timeout_s: float | None = None,
+        epoch: int = -1,
     ) -> int:
-        """Queue a commit; its `CommitResult` comes back through `drain_results`
-        (or `commit_sync` waits for it)."""
+        """Queue a commit; its `CommitResult` goes to ``on_commit_done`` (else to
+        `drain_results`). ``epoch``: the member epoch it was made under (see
+        `CommitRequestManager.commit`)."""
         with self._lock:
             commit_id = self.commits.commit(
-                _now_ms(), offsets, kind, None if timeout_s is None else int(timeout_s * 1000)
-            )
+                _now_ms(), offsets, kind,
+                None if timeout_s is None else int(timeout_s * 1000), epoch,
+            )  # fmt: skip
+            self._commit_offsets[commit_id] = offsets
         self.wake()
         return commit_id
+
+    @property
+    def pending_commits(self) -> int:
+        """Commits queued or in flight."""
+        with self._lock:
+            return self.commits.pending
+
+    def forget_committed(self, partitions: set[Partition]) -> None:
+        """Drop the no-regression floor of these partitions (released, or sought)."""
+        with self._lock:
+            self.commits.forget(partitions)
+
+    def fetch_offsets(self, request: OffsetFetchRequest, timeout_s: float) -> OffsetFetchResponse:
+        """OffsetFetch from the group coordinator (found first if needed), waiting at most
+        ``timeout_s``. Raises ``KafkaTimeoutError`` when no answer came in time, or the
+        transport error that failed the request. The answer's offsets become the commit
+        path's no-regression floor, as committed offsets."""
+        if self.failure is not None:
+            raise self.failure
+        fetch = _Fetch(request, time.monotonic() + timeout_s)
+        self._loop.call_soon(lambda: self._queue_fetch(fetch))
+        if not fetch.done.wait(max(timeout_s, 0.0)):
+            fetch.cancelled = True
+            raise KafkaTimeoutError(
+                f"OffsetFetch for group {request.group_id!r} got no answer within "
+                f"{timeout_s * 1000:.0f} ms"
+            )
+        if fetch.error is not None:
+            raise fetch.error
+        assert fetch.result is not None
+        floor = {(r.topic, r.partition): r.offset for r in fetch.result.partitions
+                 if r.error_code == 0 and r.offset >= 0}  # fmt: skip
+        with self._lock:
+            self.commits.observe_committed(floor)
+        return fetch.result
+
+    def set_sasl_credentials(self, username: str, password: str) -> None:
+        """New SASL PLAIN/SCRAM credentials from the next authentication on: this member's
+        next requests go over connections authenticated with them (open ones stay up)."""
+        self._settings.credentials.set(username, password)
+        self._loop.call_soon(self._conns.clear)
 
     def commit_sync(
         self, offsets: Mapping[Partition, OffsetLike], timeout_s: float, kind: CommitKind
@@ -275,11 +404,21 @@ class MemberNetwork:
             out, self._results = self._results, []
         return out
 
-    def wait_for_events(self, timeout_s: float) -> None:
-        """Block until background events or commit results are ready, or ``timeout_s``."""
+    def wait_for_events(self, timeout_s: float, ready: Callable[[], bool] | None = None) -> None:
+        """Block until background events or commit results are ready, the member failed,
+        ``ready()`` holds (work the application side queued itself; see `notify`), or
+        ``timeout_s``."""
         with self._events:
-            if not self.core.background_events and not self._results:
-                self._events.wait(timeout_s)
+            if self.core.background_events or self._results or self.failure is not None:
+                return
+            if ready is not None and ready():
+                return
+            self._events.wait(timeout_s)
+
+    def notify(self) -> None:
+        """Wake `wait_for_events` (from any thread)."""
+        with self._events:
+            self._events.notify_all()
 
     def wake(self) -> None:
         """Run the member on the loop thread soon (from any thread)."""
@@ -307,12 +446,38 @@ class MemberNetwork:
         if self._owns_loop:
             self._loop.release()
 
-    # -- loop side ----------------------------------------------------------------------------
+    # -- loop side (everything below runs on the loop thread) ---------------------------------
+
+    def _fail(self, exc: BaseException) -> None:
+        """This member's loop-side work raised: it stops (no more requests), waiters wake up
+        and its application gets the error; the loop and the other members go on."""
+        log.error("group %s: member %s failed on the network loop", self.config.group_id,
+                  self.core.member_id, exc_info=exc)  # fmt: skip
+        self.failure = KafkaException(KafkaError(
+            KafkaError._FATAL,
+            f"the member failed on the network loop: {type(exc).__name__}: {exc}", fatal=True,
+        ))  # fmt: skip
+        if self._timer is not None:
+            self._timer.cancel()
+        fetches, self._fetches = self._fetches, []
+        for f in fetches:
+            f.finish(None, self.failure)
+        with self._events:
+            waiters, self._commit_waiters = self._commit_waiters, {}
+            for w in waiters.values():
+                w.set()
+            self._events.notify_all()
 
     def _with_lock(self, fn: Callable[[], None]) -> None:
         with self._lock:
             fn()
 
+    @_member_work
+    def _queue_fetch(self, fetch: _Fetch) -> None:
+        self._fetches.append(fetch)
+        self._run()
+
+    @_member_work
     def _run(self) -> None:
         self._wake_queued = False
         if self._stopped:
@@ -326,7 +491,8 @@ class MemberNetwork:
     def _run_locked(self, now: int) -> int:
         core, coord = self.core, self.coordinator
         # Coordinator
-        needed = core.coordinator_needed or self.commits.coordinator_needed
+        self._expire_fetches()
+        needed = core.coordinator_needed or self.commits.coordinator_needed or bool(self._fetches)
         waiting = False
         if needed and coord.coordinator is None and not coord.in_flight:
             shared = self._shared_coordinators()
@@ -356,25 +522,56 @@ class MemberNetwork:
             self._send_any(KioCall(
                 m.API_METADATA, lambda v: m.metadata_call(topics, v), m.metadata_from_kio,
                 self._client_id), self._on_metadata)  # fmt: skip
-        # Heartbeat
-        result = core.poll(now)
-        if result.request is not None:
-            self._send_heartbeat(result.request)
-        # Commits
+        # Commits go out before the heartbeat of the same run, over the same connection (the
+        # broker answers one connection's requests in order): an asynchronous commit made
+        # before a leave (say, in on_revoke of close()) is applied before the leave, with the
+        # epoch it was made under.
         if self.commits.auto_commit_due(now):
             self._auto_commit(now)
         known = coord.coordinator is not None
         for c in self.commits.poll(now, core.member_id, core.member_epoch, known):
             req, commit_id = c.request, c.commit_id
+            self._commit_sent_ms[commit_id] = now
             self._send_coordinator(KioCall(
                 m.API_OFFSET_COMMIT, lambda v, r=req: m.offset_commit_call(r, v),  # type: ignore[misc]
                 m.offset_commit_from_kio, self._client_id),
                 lambda res, err, i=commit_id: self._on_commit(i, res, err))  # type: ignore[misc]  # fmt: skip
+        if known and self._fetches:
+            fetches, self._fetches = self._fetches, []
+            for f in fetches:
+                self._send_fetch(f)
+        # Heartbeat
+        result = core.poll(now)
+        if result.request is not None:
+            self._send_heartbeat(result.request)
         wait = 0 if core.app_events else result.next_poll_ms
-        if (core.coordinator_needed or self.commits.coordinator_needed) and not waiting:
+        if needed and not waiting:
             wait = min(wait, coord.time_until_next_poll(now, True, _IDLE_MS))
         wait = min(wait, self.metadata.time_until_next_poll(now, _IDLE_MS))
+        for f in self._fetches:
+            wait = min(wait, max(int((f.deadline - time.monotonic()) * 1000), 0))
         return min(wait, self.commits.time_until_next_poll(now, known, _IDLE_MS))
+
+    def _expire_fetches(self) -> None:
+        """OffsetFetches still waiting for a coordinator past their deadline fail."""
+        if not self._fetches:
+            return
+        now = time.monotonic()
+        keep = []
+        for f in self._fetches:
+            if f.cancelled:
+                continue
+            if now >= f.deadline:
+                f.finish(None, KafkaTimeoutError(
+                    f"OffsetFetch for group {self.config.group_id!r}: the group coordinator "
+                    f"was not found in time ({self._coordinator_detail()})"))  # fmt: skip
+            else:
+                keep.append(f)
+        self._fetches = keep
+
+    def _coordinator_detail(self) -> str:
+        last = self.coordinator.last_error
+        return "no lookup answered yet" if last is None else f"last error: {last[1]}"
 
     def _shared_coordinators(self) -> _Coordinators:
         key = ("coordinators", self._loop.connection_key(self._settings), tuple(self._bootstrap))
@@ -420,16 +617,31 @@ class MemberNetwork:
     def _collect_results(self) -> None:
         with self._lock:
             done = self.commits.drain_completed()
-        if not done:
-            return
+            if not done:
+                return
+            offsets = [self._commit_offsets.pop(r.commit_id, {}) for r in done]
+        hooked = []
         with self._events:
-            for r in done:
+            for r, o in zip(done, offsets, strict=True):
                 waiter = self._commit_waiters.pop(r.commit_id, None)
+                if waiter is None and self._on_commit_done is not None:
+                    hooked.append((r, o))
+                    continue
                 self._results.append(r)
                 if waiter is not None:
                     waiter.set()
+        for r, o in hooked:
+            assert self._on_commit_done is not None
+            self._on_commit_done(r, o)
 
     def _auto_commit(self, now: int) -> None:
+        if self._auto_commit_offsets is not None:
+            chosen = self._auto_commit_offsets()
+            if chosen:
+                self._commit_offsets[self.commits.commit(now, chosen, CommitKind.AUTO)] = chosen
+            else:
+                self.commits.skip_auto_commit(now)
+            return
         core = self.core
         in_group = core.state in (MemberState.STABLE, MemberState.RECONCILING,
                                   MemberState.ACKNOWLEDGING)  # fmt: skip
@@ -483,12 +695,31 @@ class MemberNetwork:
             call, lambda res, err: self._on_heartbeat(request, res, err), heartbeat=True
         )
 
+    def _send_fetch(self, fetch: _Fetch) -> None:
+        req = fetch.request
+        self._send_coordinator(KioCall(
+            m.API_OFFSET_FETCH, lambda v: m.offset_fetch_call(req, v), m.offset_fetch_from_kio,
+            self._client_id), lambda res, err: self._on_fetch(fetch, res, err))  # fmt: skip
+
     # -- responses (loop thread) ---------------------------------------------------------------
 
     def _after(self) -> None:
         """Run again now: a response may have made something due."""
         self._run()
 
+    @_member_work
+    def _on_fetch(self, fetch: _Fetch, response: OffsetFetchResponse | None,
+                  error: KafkaException | None) -> None:  # fmt: skip
+        if error is not None:
+            if failure_of(error).kind is FailureKind.DISCONNECTED:
+                self._coordinator_lost(error.args[0].str())
+        elif response is not None and response.error_code in _COORDINATOR_ERRORS:
+            self._coordinator_lost(f"OffsetFetch: {ErrorCode.name_of(response.error_code)}")
+        fetch.finish(response, error)
+        if not self._stopped:
+            self._after()
+
+    @_member_work
     def _on_heartbeat(self, request: HeartbeatRequest, response: Any,
                       error: KafkaException | None) -> None:  # fmt: skip
         if self._stopped:
@@ -516,6 +747,13 @@ class MemberNetwork:
                 and not core.app_events and not core.background_events
             )  # fmt: skip
             wait_ms = core.time_until_next_poll(now) if quiet else 0
+            fence = self._on_fence is not None and not quiet
+            pending = set(core.pending_revocation) if fence else set()
+        # Fenced, fatal or stale: the partitions are lost now, not when on_lost runs in the
+        # next poll(); records of theirs still buffered must not reach the application.
+        if pending:
+            assert self._on_fence is not None
+            self._on_fence(pending)
         if wait_ms > 0 and self._reschedule_heartbeat(wait_ms):
             return
         self._after()
@@ -535,22 +773,40 @@ class MemberNetwork:
             self._schedule(wait_ms)
         return True
 
+    @_member_work
     def _on_coordinator(self, result: Coordinator | None, error: KafkaException | None) -> None:
         self._shared_coordinators().done(self.config.group_id, result if error is None else None)
         if self._stopped:
             return
         now = _now_ms()
+        unreachable: KafkaError | None = None
         with self._lock:
             if error is None:
                 assert result is not None
                 report = self.coordinator.on_response(now, result)
                 if result.error_code == 0:
                     self.core.on_coordinator_known(now)
+                elif self.coordinator.failures == _UNREACHABLE_AFTER:
+                    detail = self._coordinator_detail()
+                    unreachable = KafkaError(result.error_code, "group coordinator "
+                                             f"unreachable: {detail}", retriable=True)  # fmt: skip
             else:
                 self._bootstrap_index += 1  # try the next bootstrap server
                 report = self.coordinator.on_failure(now, failure_of(error))
+                if isinstance(error, SaslError | TlsHandshakeError):
+                    # Configuration errors: _AUTHENTICATION / _SSL as confluent-kafka names them.
+                    code = error.args[0].code() if isinstance(error, SaslError) else KafkaError._SSL
+                    report = (code, f"cannot connect to the cluster: {error.args[0].str()}")
+                elif self.coordinator.failures == _UNREACHABLE_AFTER:
+                    code = error.args[0].code()
+                    if code == KafkaError._TIMED_OUT:
+                        code = KafkaError._TRANSPORT
+                    unreachable = KafkaError(code, "group coordinator unreachable: "
+                                             f"{error.args[0].str()}", retriable=True)  # fmt: skip
             if report is not None:
                 self._report(report)
+        if unreachable is not None and self._on_group_error is not None:
+            self._on_group_error(unreachable)
         self._after()
 
     def _report(self, report: tuple[int, str]) -> None:
@@ -559,6 +815,7 @@ class MemberNetwork:
         if not any(isinstance(e, ErrorEvent) and e.message == message for e in list(events)):
             events.append(ErrorEvent(code, message, fatal=False))
 
+    @_member_work
     def _on_metadata(self, result: ClusterMetadata | None, error: KafkaException | None) -> None:
         if self._stopped:
             return
@@ -575,12 +832,16 @@ class MemberNetwork:
                 self._topic_view().update({})
         self._after()
 
+    @_member_work
     def _on_commit(self, commit_id: int, results: Sequence[PartitionResult] | None,
                    error: KafkaException | None) -> None:  # fmt: skip
         now = _now_ms()
         with self._lock:
+            sent = self._commit_sent_ms.pop(commit_id, None)
             if error is None:
                 assert results is not None
+                if sent is not None:  # commit-rate / commit-latency-*: answered requests
+                    self.core.metrics.record_commit(now, now - sent)
                 rediscover = self.commits.on_response(now, commit_id, results)
             else:
                 rediscover = self.commits.on_failure(now, commit_id, failure_of(error))
