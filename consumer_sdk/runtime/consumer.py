@@ -21,6 +21,7 @@ from confluent_kafka import (
 from confluent_kafka.admin._metadata import ClusterMetadata
 
 from consumer_sdk.membership import CloseOption, MemberState
+from consumer_sdk.membership.requests import CommitKind, OffsetLike
 from consumer_sdk.runtime._librdkafka import write_group_metadata
 from consumer_sdk.runtime.fetcher import Fetcher
 from consumer_sdk.runtime.group_member import (
@@ -37,10 +38,10 @@ __all__ = ["Consumer"]
 log = logging.getLogger("consumer_sdk.runtime")
 
 # The longest the application thread waits inside librdkafka before it looks for work the
-# background thread queued (callbacks, commits): the latency of noticing a rebalance.
+# network loop queued (callbacks, commit results): the latency of noticing a rebalance.
 _FETCH_SLICE_S = 0.02
 # While a rebalance is under way, wait on the fetcher in short slices so that callbacks the
-# background thread asks for run promptly (each rebalance step is an application-thread hop).
+# the network loop asks for run promptly (each rebalance step is an application-thread hop).
 _REBALANCE_SLICE_S = 0.005
 _REBALANCING = frozenset(
     {MemberState.JOINING, MemberState.RECONCILING, MemberState.ACKNOWLEDGING,
@@ -67,7 +68,7 @@ class Consumer(GroupMember):
     """
 
     def __init__(self, config: Mapping[str, Any]) -> None:
-        # Set before the background thread starts (it reads _manual).
+        # Set before the network side starts (the loop thread reads _manual).
         # Manual assignment (assign/incremental_assign): partition -> offset as given.
         self._manual: dict[Partition, int] = {}
         self._subscribed = False
@@ -120,7 +121,7 @@ class Consumer(GroupMember):
             if remaining <= 0:
                 return None
             # The fetcher's wait blocks in librdkafka (no busy loop); the slice bounds how
-            # late this thread notices callbacks the background thread queued.
+            # late this thread notices callbacks the network loop queued.
             msg = self._fetcher.poll(min(remaining, self._slice()))
             if msg is not None:
                 return msg
@@ -414,7 +415,7 @@ class Consumer(GroupMember):
                 self._stored.pop(p, None)
         self._fetcher.assign(starts)
         self._manual.update(given)
-        self._offsets.forget(set(given))
+        self._net.forget_committed(set(given))
 
     def _stop_manual(self, parts: list[Partition]) -> None:
         """Stop fetching manually assigned partitions; with auto-commit, commit what was
@@ -422,14 +423,13 @@ class Consumer(GroupMember):
         if self._config.enable_auto_commit:
             consumed = {p: o for p, o in self._consumed_offsets().items() if p in set(parts)}
             if consumed:
-                self._async_commits.append((consumed, -1))
-                self._wake()
+                self._net.commit(consumed, CommitKind.ASYNC)
         self._fetcher.unassign(parts)
         with self._store_lock:
             for p in parts:
                 self._manual.pop(p, None)
                 self._stored.pop(p, None)
-        self._offsets.forget(set(parts))
+        self._net.forget_committed(set(parts))
 
     def assign(self, partitions: Sequence[TopicPartition]) -> None:
         """Replace the assignment with ``partitions`` (manual assignment, no group
@@ -540,7 +540,7 @@ class Consumer(GroupMember):
         self._fetcher.seek(key, offset)
         # A seek is a deliberate rewind (or skip): commits from the new position on are sent
         # even below what was committed before (the no-regression floor is reset).
-        self._offsets.forget({key})
+        self._net.forget_committed({key})
 
     def get_watermark_offsets(
         self, partition: TopicPartition, timeout: float | None = None, cached: bool = False
@@ -615,20 +615,13 @@ class Consumer(GroupMember):
         super().set_sasl_credentials(username, password)
         self._fetcher.consumer.set_sasl_credentials(username, password)
 
-    def _maybe_auto_commit(self) -> None:
-        if not self._manual:
-            super()._maybe_auto_commit()
-            return
-        c = self._config
-        if not c.enable_auto_commit or c.auto_commit_interval_ms <= 0:
-            return
-        if time.monotonic() - self._last_auto_commit < c.auto_commit_interval_ms / 1000:
-            return
-        self._last_auto_commit = time.monotonic()
-        manual = set(self._manual)
-        offsets = {p: o for p, o in self._consumed_offsets().items() if p in manual}
-        if offsets:
-            self._commit_logging_failures(offsets, "auto-commit")
+    def _on_loop_auto_commit_offsets(self) -> Mapping[Partition, OffsetLike] | None:
+        """(loop thread) With a manual assignment: the consumed offsets of its partitions
+        (committed under generation -1, as confluent-kafka does); else the group's."""
+        if not self._manual or getattr(self, "_fetcher", None) is None:
+            return super()._on_loop_auto_commit_offsets()
+        manual = set(self._manual.copy())  # the copy is atomic; the app thread may change it
+        return {p: o for p, o in self._consumed_offsets().items() if p in manual}
 
     def close(self, timeout: float = 10.0, option: CloseOption = CloseOption.DEFAULT) -> None:
         """Commit (auto-commit), release the assignment, leave the group and stop.

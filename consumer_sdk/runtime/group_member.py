@@ -1,17 +1,20 @@
-"""``GroupMember``: the KIP-848 membership core run by a background thread.
+"""``GroupMember``: the application-side facade of a KIP-848 group member.
 
-Two threads, as in the Java AsyncKafkaConsumer. The background thread owns the network: it
-runs the core's ``poll(now)``, sends the heartbeats it returns, discovers the coordinator,
-refreshes metadata and runs auto and async commits. The application thread runs user
-callbacks inside ``poll()`` / ``unsubscribe()`` / ``close()``. They exchange only the core's
-event queues (application events in, background events out); a lock serializes the core.
+The split of the Java AsyncKafkaConsumer. This class is the application side: its API
+(subscribe, poll, commit, committed, close, ...), the user callbacks (rebalance, ``on_commit``,
+``error_cb``), all run on the application thread inside ``poll()`` / ``unsubscribe()`` /
+``close()``. The network side is a `MemberNetwork` on the process-wide `NetworkLoop` (one
+thread for every member of the process): the membership core with its heartbeat manager and
+the coordinator, metadata and commit request managers, driven by that loop. The two sides
+exchange the core's event queues (application events in, background events out) and the
+commit queue; a lock serializes the core. The few methods here that the loop thread calls
+are named ``_on_loop_*`` or say so in their docstring; everything else runs on the
+application thread.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import random
 import threading
 import time
 from collections import deque
@@ -21,13 +24,13 @@ from typing import Any, Self
 from confluent_kafka import OFFSET_INVALID, KafkaError, KafkaException, Message, TopicPartition
 
 from consumer_sdk.config import ConsumerConfig
+from consumer_sdk.domain import OffsetFetchRequest
 from consumer_sdk.error_codes import ErrorCode
 from consumer_sdk.errors import (
     BrokerResponseError,
     KafkaTimeoutError,
     KafkaTransportError,
     ProtocolError,
-    UnsupportedBrokerError,
 )
 from consumer_sdk.membership import (
     BackgroundEvent,
@@ -39,26 +42,15 @@ from consumer_sdk.membership import (
     CommitCompleted,
     CommitNeeded,
     ErrorEvent,
-    Failure,
-    FailureKind,
-    GroupMembership,
     LeaveCompleted,
     MemberState,
-    Poll,
     StateChanged,
     Subscribe,
     Unsubscribe,
 )
-from consumer_sdk.observability.log_routing import route_thread_logs, unroute_thread_logs
-from consumer_sdk.protocol.client import ClusterClient
-from consumer_sdk.protocol.connection import TlsHandshakeError
-from consumer_sdk.protocol.sasl import SaslError
-from consumer_sdk.runtime.offsets import (
-    COMMIT_RETRIABLE,
-    CommitFailedError,
-    OffsetAndMetadata,
-    OffsetManager,
-)
+from consumer_sdk.membership.requests import CommitKind, CommitResult, OffsetLike
+from consumer_sdk.runtime.member_network import MemberNetwork
+from consumer_sdk.runtime.offsets import COMMIT_RETRIABLE, CommitFailedError, OffsetAndMetadata
 
 __all__ = ["GroupMember", "RebalanceCallback"]
 
@@ -70,7 +62,6 @@ RebalanceCallback = Callable[[Any, list[TopicPartition]], None]
 _IN_GROUP = frozenset({MemberState.STABLE, MemberState.RECONCILING, MemberState.ACKNOWLEDGING})
 _LEAVING = frozenset({MemberState.PREPARE_LEAVING, MemberState.LEAVING})
 _POLL_EVENT_INTERVAL_S = 0.05
-_REBALANCE_POLL_GAP_S = 0.002
 # close(timeout) still gives the pre-leave commit and the leave heartbeat one attempt each of
 # up to this long once the timeout has passed (Java sends the leave at least once).
 _CLOSE_ATTEMPT_FLOOR_S = 0.5
@@ -85,11 +76,6 @@ def _now_ms() -> int:
 
 def _tps(partitions: Iterable[Partition]) -> list[TopicPartition]:
     return [TopicPartition(t, p) for t, p in sorted(partitions)]
-
-
-def _jittered(seconds: float) -> float:
-    """A retry backoff with +-20% jitter, so that members do not retry in lockstep."""
-    return seconds * random.uniform(0.8, 1.2)
 
 
 def _wait_seconds(timeout: float | None) -> float:
@@ -122,31 +108,15 @@ class GroupMember:
     def __init__(self, config: Mapping[str, Any]) -> None:
         self._config = ConsumerConfig.from_mapping(config)
         c = self._config
-        self._client = ClusterClient({**c.raw_connection, "bootstrap.servers": c.bootstrap_servers})
-        self._core_lock = threading.RLock()
         self._state_since_ms = _now_ms()
         self._last_transition_reason = ""
-        self._core = GroupMembership(
-            c.membership_config(),
-            on_state_change=self._on_state_change,
-        )
-        self._offsets = OffsetManager(
-            self._client, c.group_id, c.group_instance_id, on_commit=self._record_commit
-        )
         self._on_assign: RebalanceCallback | None = None
         self._on_revoke: RebalanceCallback | None = None
         self._on_lost: RebalanceCallback | None = None
-        self._wakeup = threading.Condition()
-        self._woken = False
-        self._stop = threading.Event()
         self._closed = False
         self._fatal: KafkaException | None = None
         self._leave_done = threading.Event()
         self._close_deadline: float | None = None
-        # Async commits with the member epoch at the time of the call: one made in on_revoke
-        # while leaving goes out before the leave heartbeat, with the epoch it was made under.
-        self._async_commits: deque[tuple[dict[Partition, OffsetAndMetadata], int]] = deque()
-        self._async_in_flight = 0
         # Results for on_commit and errors for error_cb, queued by either thread and delivered
         # on the application thread inside poll()/consume()/close().
         self._app_callbacks: deque[tuple[str, Any]] = deque()
@@ -154,22 +124,19 @@ class GroupMember:
         self._error_cb: ErrorCallback | None = c.callbacks.get("error_cb")
         self._leave_sent_at: float | None = None
         self._callbacks_ended_at = 0.0
-        self._connect_episode = False
-        self._last_poll_event = 0.0
-        # Poll events of a stable member only reset the poll timer; posting one this often
-        # keeps the timer far from expiry (it is processed within one heartbeat interval).
-        self._stable_poll_gap = min(1.0, c.max_poll_interval_ms / 4000)
-        self._coordinator_retry_at = 0.0
-        self._coordinator_failures = 0
-        self._last_auto_commit = time.monotonic()
         self._revoking: dict[Partition, OffsetAndMetadata] = {}
-        self._prefetch_topics: list[str] = []
-        self._thread = threading.Thread(
-            target=self._run, name=f"consumer-sdk-heartbeat[{c.group_id}]", daemon=True
+        # The network side, on the process-wide loop (started by the first member).
+        self._net = MemberNetwork(
+            c,
+            on_state_change=self._on_loop_state_change,
+            auto_commit_offsets=self._on_loop_auto_commit_offsets,
+            on_fence=self._fence,
+            on_commit_done=self._on_loop_commit_done,
+            on_group_error=self._queue_error,
+            logger=c.callbacks.get("logger"),
         )
-        if "logger" in c.callbacks:
-            route_thread_logs(self._thread, c.callbacks["logger"])
-        self._thread.start()
+        self._core = self._net.core
+        self._core_lock = self._net.lock
 
     def __repr__(self) -> str:
         return (
@@ -221,10 +188,6 @@ class GroupMember:
             "member_epoch": self.member_epoch,
         }
 
-    def _record_commit(self, latency_ms: int) -> None:
-        with self._core_lock:
-            self._core.metrics.record_commit(_now_ms(), latency_ms)
-
     def metrics(self) -> dict[str, float]:
         """The Java consumer's ``consumer-coordinator-metrics`` by name."""
         with self._core_lock:
@@ -236,12 +199,12 @@ class GroupMember:
         self._ensure_usable()
         if not isinstance(username, str) or not isinstance(password, str):
             raise TypeError("set_sasl_credentials() takes a username and a password (str)")
-        self._client.set_sasl_credentials(username, password)
+        self._net.set_sasl_credentials(username, password)
 
     # -- subscription -----------------------------------------------------------------------
 
-    def _on_state_change(self, event: StateChanged) -> None:
-        """Called by the core (under the core lock) for every transition."""
+    def _on_loop_state_change(self, event: StateChanged) -> None:
+        """Called by the core (under the core lock, on the loop thread) for every transition."""
         if event.old is not event.new:
             self._state_since_ms = _now_ms()
         self._last_transition_reason = event.reason
@@ -288,9 +251,8 @@ class GroupMember:
             names = tuple(dict.fromkeys(topics))
         self._on_assign, self._on_revoke, self._on_lost = on_assign, on_revoke, on_lost
         # Learn the topic ids up front, so the first assignment resolves at once.
-        self._prefetch_topics = list(names)
-        self._core.submit(Subscribe(topics=names, pattern=pattern, has_listener=True))
-        self._wake()
+        self._net.prefetch_metadata(names)
+        self._net.submit(Subscribe(topics=names, pattern=pattern, has_listener=True))
 
     def unsubscribe(self, timeout: float = 30.0) -> None:
         """Commit (auto-commit and pending async commits), release the assignment (revoke
@@ -303,8 +265,7 @@ class GroupMember:
         self._ensure_usable()
         self._leave_done.clear()
         self._leave_sent_at = None
-        self._core.submit(Unsubscribe())
-        self._wake()
+        self._net.submit(Unsubscribe())
         first = self._drive_leave(time.monotonic() + max(timeout, 0.0))
         self._serve_app_callbacks()
         if first is not None:
@@ -326,7 +287,7 @@ class GroupMember:
                 if first is None:
                     first = exc
                 continue
-            if self._leave_done.is_set() or not self._thread.is_alive():
+            if self._leave_done.is_set() or self._net.failure is not None:
                 break
             now = time.monotonic()
             if now >= deadline:
@@ -361,26 +322,16 @@ class GroupMember:
 
     def _post_poll(self) -> None:
         """Tell the core the application is polling (resets the poll timer, lets revocations
-        run). A stable member only needs the poll timer reset, so it posts rarely and does not
-        wake the background thread; during a rebalance every poll counts."""
-        now = time.monotonic()
-        gap = now - self._last_poll_event
-        if gap < _REBALANCE_POLL_GAP_S:
-            return
-        if self._core.state is MemberState.STABLE:
-            if gap < self._stable_poll_gap:
-                return
-            self._last_poll_event = now
-            self._core.submit(Poll(_now_ms()))
-            return
-        self._last_poll_event = now
-        self._core.submit(Poll(_now_ms()))
-        self._wake()
+        run); see `MemberNetwork.note_poll`."""
+        self._net.note_poll()
 
     def _await_background(self, timeout: float) -> None:
-        with self._wakeup:
-            if not self._core.background_events:
-                self._wakeup.wait(timeout)
+        """Block (no busy wait) until the loop queued events or results, a callback was queued
+        for this thread, or ``timeout``."""
+        self._net.wait_for_events(timeout, self._has_app_callbacks)
+
+    def _has_app_callbacks(self) -> bool:
+        return bool(self._app_callbacks)
 
     def _run_until(
         self, done: Callable[[], bool], timeout: float, stop_after_callback: bool = False
@@ -403,6 +354,7 @@ class GroupMember:
     def _dispatch_background_events(self) -> bool:
         """Handle the core's events and run queued user callbacks on this thread; True if
         user code ran (a rebalance callback, ``on_commit`` or ``error_cb``)."""
+        self._check_network()
         raised: BaseException | None = None
         ran = False
         for event in self._core.drain_background_events():
@@ -446,10 +398,11 @@ class GroupMember:
         return ran
 
     def _queue_error(self, error: KafkaError) -> None:
-        """Report a group-level error to ``error_cb`` (on the application thread)."""
+        """Report a group-level error to ``error_cb`` (run on the application thread; this
+        may be called on either thread)."""
         if self._error_cb is not None:
             self._app_callbacks.append(("error", error))
-            self._wake_app()
+            self._net.notify()
 
     def _dispatch(self, event: BackgroundEvent) -> bool:
         if isinstance(event, CallbacksNeeded):
@@ -500,8 +453,7 @@ class GroupMember:
             if event.kind is not CallbackKind.ASSIGNED:
                 self._after_revoke(parts)
             self._callbacks_ended_at = time.monotonic()
-            self._core.submit(CallbackCompleted(event.callback_id, error))
-            self._wake()
+            self._net.submit(CallbackCompleted(event.callback_id, error))
         if user_exc is not None:
             raise _as_kafka_exception(user_exc, f"on_{event.kind.name.lower()}")
         return called
@@ -514,6 +466,8 @@ class GroupMember:
 
     # Hooks for the data plane (Consumer overrides them).
     def _fence(self, parts: set[Partition]) -> None:
+        """Stop handing out records of ``parts`` (either thread: the loop thread calls it
+        after a heartbeat outcome that left partitions pending revocation)."""
         return None
 
     def _before_revoke(self, parts: list[Partition], lost: bool = False) -> None:
@@ -522,7 +476,7 @@ class GroupMember:
     def _after_revoke(self, parts: list[Partition]) -> None:
         self._revoking.clear()
         if parts:
-            self._offsets.forget(set(parts))
+            self._net.forget_committed(set(parts))
 
     def _before_assign(self, parts: list[Partition]) -> dict[Partition, int | None]:
         return {}
@@ -550,39 +504,19 @@ class GroupMember:
             deadline = min(deadline, max(self._close_deadline,
                                          time.monotonic() + _CLOSE_ATTEMPT_FLOOR_S))  # fmt: skip
         try:
-            self._commit_with_retries(offsets, deadline, retry_stale=True, what=event.reason)
+            self._commit_with_retries(offsets, deadline, retry_stale=True)
         except KafkaException as exc:
             error = exc.args[0].str()
             log.warning("group %s: commit before %s failed (%s); continuing",
                         self.group_id, event.reason, error)  # fmt: skip
         finally:
-            self._core.submit(CommitCompleted(event.commit_id, error))
-            self._wake()
-
-    def _send_commit(
-        self,
-        offsets: Mapping[Partition, OffsetAndMetadata],
-        epoch: int,
-        timeout: float,
-        report: bool = True,
-    ) -> dict[Partition, int]:
-        """One OffsetCommit; queues the ``on_commit`` call (``report=False``: the caller
-        reports a failure, after its retries)."""
-        try:
-            committed = self._offsets.commit(offsets, self.member_id, epoch, timeout)
-        except KafkaException as exc:
-            if report:
-                self._report_commit(exc.args[0], offsets)
-            raise
-        if committed:
-            self._report_commit(None, {p: offsets[p] for p in committed})
-        return committed
+            self._net.submit(CommitCompleted(event.commit_id, error))
 
     def _report_commit(
-        self, error: KafkaError | None, offsets: Mapping[Partition, OffsetAndMetadata]
+        self, error: KafkaError | None, offsets: Mapping[Partition, OffsetLike]
     ) -> None:
-        """Queue the ``on_commit`` call of one commit (the OffsetManager records the commit
-        metrics of every OffsetCommit request)."""
+        """Queue the ``on_commit`` call of one commit (either thread; it runs on the
+        application thread)."""
         if self._on_commit is not None:
             parts = []
             for (t, p), o in sorted(offsets.items()):
@@ -593,42 +527,55 @@ class GroupMember:
                     extra["leader_epoch"] = o.leader_epoch
                 parts.append(TopicPartition(t, p, o.offset, **extra))
             self._app_callbacks.append(("commit", (error, parts)))
-            self._wake_app()
+            self._net.notify()
+
+    def _report_no_offset(self) -> None:
+        if self._on_commit is not None:
+            self._app_callbacks.append(
+                ("commit", (KafkaError(KafkaError._NO_OFFSET, "Local: No offset stored"), []))
+            )
+            self._net.notify()
+
+    def _on_loop_commit_done(
+        self, result: CommitResult, offsets: Mapping[Partition, OffsetLike]
+    ) -> None:
+        """(loop thread) An asynchronous or auto commit finished: queue its ``on_commit``
+        call; nothing new to commit is reported as _NO_OFFSET for ``commit()``."""
+        if result.ok:
+            if result.committed:
+                self._report_commit(None, {p: offsets[p] for p in result.committed})
+            elif result.kind is CommitKind.ASYNC:
+                self._report_no_offset()
+            return
+        error = KafkaError(result.error_code, result.error_message,
+                           retriable=result.error_code in COMMIT_RETRIABLE)  # fmt: skip
+        self._report_commit(error, offsets)
 
     def _commit_with_retries(
         self,
         offsets: Mapping[Partition, OffsetAndMetadata],
         deadline: float,
         retry_stale: bool,
-        what: str = "commit",
     ) -> dict[Partition, int]:
-        backoff = self._config.retry_backoff_ms / 1000
-        logged = False
-        while True:
-            try:
-                return self._send_commit(
-                    offsets, self._commit_epoch(), max(deadline - time.monotonic(), 0.05),
-                    report=False,
-                )  # fmt: skip
-            except (
-                CommitFailedError,
-                KafkaTransportError,
-                KafkaTimeoutError,
-                ProtocolError,
-            ) as exc:
-                code = exc.args[0].code()
-                retriable = exc.args[0].retriable() or (
-                    retry_stale and code == ErrorCode.STALE_MEMBER_EPOCH
-                )
-                if not retriable or time.monotonic() + backoff >= deadline:
-                    self._report_commit(exc.args[0], offsets)
-                    raise
-                if not logged:  # once per call, not per attempt
-                    logged = True
-                    log.info("group %s: %s failed (%s); retrying with backoff",
-                             self.group_id, what, exc.args[0].str())  # fmt: skip
-                time.sleep(_jittered(backoff))
-                backoff = min(backoff * 2, self._config.retry_backoff_max_ms / 1000)
+        """Commit and wait (this thread) for the loop to finish it: retriable errors are
+        retried with backoff until ``deadline`` (``retry_stale``: STALE_MEMBER_EPOCH too, for
+        the commit before a revocation or leave). The outcome goes to ``on_commit``; a
+        failure is raised (``CommitFailedError`` naming the error)."""
+        kind = CommitKind.REBALANCE if retry_stale else CommitKind.SYNC
+        result = self._net.commit_sync(offsets, max(deadline - time.monotonic(), 0.05), kind)
+        self._check_network()
+        if result.ok:
+            committed = dict(result.committed)
+            if committed:
+                self._report_commit(None, {p: offsets[p] for p in committed})
+            return committed
+        code = result.error_code
+        error = CommitFailedError(
+            code, result.error_message.removeprefix(f"commit failed: {ErrorCode.name_of(code)}: "),
+            retriable=code in COMMIT_RETRIABLE,
+        )  # fmt: skip
+        self._report_commit(error.args[0], offsets)
+        raise error
 
     def commit(
         self,
@@ -645,7 +592,7 @@ class GroupMember:
         retries retriable errors for up to ``timeout`` seconds (default ``socket.timeout.ms``).
         Every commit's outcome goes to the ``on_commit`` callback, if configured, inside the
         next ``poll()``/``consume()``/``close()``; an asynchronous one is sent by the
-        background thread (before any later leave heartbeat) and never retried.
+        network loop (before any later leave heartbeat) and never retried.
         """
         self._ensure_usable()
         if message is not None and offsets is not None:
@@ -673,8 +620,7 @@ class GroupMember:
             if not todo:
                 self._report_no_offset()
                 return None
-            self._async_commits.append((todo, self.member_epoch))
-            self._wake()
+            self._net.commit(todo, CommitKind.ASYNC, epoch=self.member_epoch)
             return None
         if not todo and message is None and offsets is None:
             # Nothing consumed (or stored) to commit: confluent-kafka raises too.
@@ -712,7 +658,7 @@ class GroupMember:
         while True:
             epoch = self.member_epoch
             try:
-                return self._offsets.fetch(
+                return self._fetch_once(
                     partitions, self.member_id if epoch > 0 else None, epoch if epoch > 0 else -1,
                     max(deadline - time.monotonic(), 0.05),
                 )  # fmt: skip
@@ -730,6 +676,29 @@ class GroupMember:
                 time.sleep(backoff)
                 backoff = min(backoff * 2, self._config.retry_backoff_max_ms / 1000)
 
+    def _fetch_once(
+        self, partitions: list[Partition], member_id: str | None, epoch: int, timeout: float
+    ) -> dict[Partition, OffsetAndMetadata | None]:
+        """One OffsetFetch (v9 with member id/epoch where offered) over the loop; raises
+        ``BrokerResponseError`` for an error in the answer."""
+        if not partitions:
+            return {}
+        request = OffsetFetchRequest(self.group_id, tuple(sorted(partitions)), member_id, epoch,
+                                     require_stable=True)  # fmt: skip
+        response = self._net.fetch_offsets(request, timeout)
+        if response.error_code != 0:
+            raise BrokerResponseError.from_code(response.error_code, "OffsetFetch")
+        result: dict[Partition, OffsetAndMetadata | None] = {}
+        for r in response.partitions:
+            if r.error_code != 0:
+                raise BrokerResponseError.from_code(
+                    r.error_code, f"OffsetFetch {r.topic}[{r.partition}]"
+                )
+            result[(r.topic, r.partition)] = (
+                OffsetAndMetadata(r.offset, r.leader_epoch, r.metadata) if r.offset >= 0 else None
+            )
+        return result
+
     # -- close ------------------------------------------------------------------------------
 
     def close(self, timeout: float = 10.0, option: CloseOption = CloseOption.DEFAULT) -> None:
@@ -738,11 +707,12 @@ class GroupMember:
         In order: pending asynchronous commits and the auto-commit (with
         ``enable.auto.commit``) go out with the member's epoch; ``on_revoke`` runs (``on_lost``
         if the member was fenced); the leave heartbeat is sent (per ``option``, KIP-1092) even
-        if a callback raised; the background thread stops. Callbacks are not cut short; the
+        if a callback raised; the member leaves the network loop. Callbacks are not cut short; the
         network part waits at most ``timeout`` seconds, except that the commit and the leave
         heartbeat each get one attempt (up to 0.5 s) even with ``timeout=0``. ``on_commit``
         runs for the close commits. Then the first callback error is raised as
-        ``KafkaException`` (the original exception is its ``__cause__``). No thread is left
+        ``KafkaException`` (the original exception is its ``__cause__``). The member detaches
+        from the shared network loop, which stops with its last member: no thread is left
         behind; closing twice is a no-op.
         """
         if self._closed:
@@ -750,24 +720,16 @@ class GroupMember:
         deadline = time.monotonic() + max(timeout, 0.0)
         self._close_deadline = deadline
         first: BaseException | None = None
-        if self._fatal is None and self._thread.is_alive():
+        if self._fatal is None and self._net.failure is None:
             self._leave_done.clear()
             self._leave_sent_at = None
-            self._core.submit(Close(option))
-            self._wake()
+            self._net.submit(Close(option))
             first = self._drive_leave(deadline)
             # Async commits made by callbacks after the leave (or with no leave to send).
             self._flush_async_commits(max(deadline, time.monotonic() + _CLOSE_ATTEMPT_FLOOR_S))
         self._closed = True
-        self._stop.set()
-        self._wake()
-        self._thread.join(max(deadline - time.monotonic(), 0.05))
-        if self._thread.is_alive():
-            self._client.close()  # unblocks a socket wait so the thread exits
-            self._thread.join(max(deadline - time.monotonic(), 0.5))
-        self._client.close()
+        self._net.stop()
         self._close_data_plane(max(deadline - time.monotonic(), 0.05))
-        unroute_thread_logs(self._thread)
         try:
             self._serve_app_callbacks()  # on_commit of the close commits
         except BaseException as exc:
@@ -777,15 +739,13 @@ class GroupMember:
             raise _as_kafka_exception(first)
 
     def _flush_async_commits(self, deadline: float) -> None:
-        """Wait (until ``deadline``) for queued asynchronous commits to be sent."""
-        while (self._async_commits or self._async_in_flight) and self._thread.is_alive():
+        """Wait (until ``deadline``) for queued asynchronous commits to be answered."""
+        while (pending := self._net.pending_commits) and self._net.failure is None:
             if time.monotonic() >= deadline:
-                log.info("group %s: %d asynchronous commit(s) not sent before close",
-                         self.group_id, len(self._async_commits))  # fmt: skip
+                log.info("group %s: %d asynchronous commit(s) not answered before close",
+                         self.group_id, pending)  # fmt: skip
                 return
-            self._wake()
-            with self._wakeup:
-                self._wakeup.wait(0.01)
+            time.sleep(0.005)
 
     def _close_data_plane(self, timeout: float) -> None:
         return None
@@ -799,212 +759,26 @@ class GroupMember:
     def _ensure_usable(self) -> None:
         if self._closed:
             raise KafkaException(KafkaError(KafkaError._STATE, "the consumer is closed"))
+        self._check_network()
         if self._fatal is not None:
             raise self._fatal
 
-    def _wake(self) -> None:
-        with self._wakeup:
-            self._woken = True
-            self._wakeup.notify_all()
-
-    # -- background thread -----------------------------------------------------------------
-
-    def _run(self) -> None:
-        try:
-            while not self._stop.is_set():
-                wait_s = self._loop_once()
-                with self._wakeup:
-                    if not self._woken and not self._stop.is_set():
-                        self._wakeup.wait(wait_s)
-                    self._woken = False
-        except Exception:
-            log.exception("group %s: background thread failed", self.group_id)
-            self._fatal = KafkaException(
-                KafkaError(KafkaError._FATAL, "the background thread failed", fatal=True)
-            )
-        finally:
-            self._wake()
-
-    def _loop_once(self) -> float:
-        if self._prefetch_topics:
-            topics, self._prefetch_topics = self._prefetch_topics, []
-            with contextlib.suppress(Exception):
-                self._client.metadata(topics, self._request_timeout())
-                with self._core_lock:
-                    self._core.on_metadata(_now_ms(), self._client.topic_names())
-        now = _now_ms()
-        with self._core_lock:
-            if self._core.coordinator_needed and time.monotonic() >= self._coordinator_retry_at:
-                self._discover_coordinator(now)
-            if self._core.metadata_needed:
-                self._refresh_metadata(now)
-            result = self._core.poll(now)
-        # Async commits queued before the event that made this heartbeat (say, a commit made
-        # in on_revoke before the leave) go out first.
-        self._run_async_commits()
-        if result.request is not None:
-            self._send_heartbeat(result.request)
-        self._maybe_auto_commit()
-        with self._core_lock:
-            wait_ms = self._core.time_until_next_poll(_now_ms())
-            if self._core.coordinator_needed:
-                # The core idles while the coordinator is unknown; finding it is the host's
-                # job, due now or when the FindCoordinator backoff ends (reference §4, §8).
-                due_ms = (self._coordinator_retry_at - time.monotonic()) * 1000
-                wait_ms = min(wait_ms, max(int(due_ms), 0))
-        if self._core.background_events:
-            self._wake_app()
-        return max(min(wait_ms / 1000, self._auto_commit_wait()), 0.0)
-
-    def _wake_app(self) -> None:
-        with self._wakeup:
-            self._wakeup.notify_all()
-
-    def _discover_coordinator(self, now: int) -> None:
-        try:
-            self._client.find_coordinator(self.group_id, self._request_timeout())
-        except Exception as exc:
-            self._coordinator_failures += 1
-            delay = _jittered(min(
-                self._config.retry_backoff_ms * 2 ** (self._coordinator_failures - 1),
-                self._config.retry_backoff_max_ms,
-            ))  # fmt: skip
-            self._coordinator_retry_at = time.monotonic() + delay / 1000
-            # Once per episode (until the coordinator is found), not once per attempt.
-            level = logging.INFO if self._coordinator_failures == 1 else logging.DEBUG
-            log.log(level, "group %s: FindCoordinator failed (%s); retrying with backoff "
-                    "(next in %d ms)", self.group_id, exc, delay)  # fmt: skip
-            if isinstance(exc, SaslError | TlsHandshakeError):
-                self._report_connect_error(exc)
-            elif self._coordinator_failures == 3 and isinstance(exc, KafkaException):
-                error = exc.args[0]
-                self._queue_error(KafkaError(
-                    KafkaError._TRANSPORT if error.code() in (KafkaError._TRANSPORT,
-                                                              KafkaError._TIMED_OUT)
-                    else error.code(),
-                    f"group coordinator unreachable: {error.str()}", retriable=True,
-                ))  # fmt: skip
-            return
-        if self._coordinator_failures >= 3:
-            log.info("group %s: coordinator found after %d failed attempts", self.group_id,
-                     self._coordinator_failures)  # fmt: skip
-        self._coordinator_failures = 0
-        self._core.on_coordinator_known(now)
-
-    def _report_connect_error(self, exc: KafkaException) -> None:
-        """Authentication and TLS failures are configuration errors: besides the log, they go
-        to ``error_cb`` (``_AUTHENTICATION`` / ``_SSL``), or without one the next ``poll()``
-        raises them (once per failed attempt; the lookup goes on retrying)."""
-        error = exc.args[0]
-        code = error.code() if isinstance(exc, SaslError) else KafkaError._SSL
-        message = f"cannot connect to the cluster: {error.str()}"
-        queued = list(self._core.background_events)
-        if not any(isinstance(e, ErrorEvent) and e.message == message for e in queued):
-            self._core.background_events.append(ErrorEvent(code, message, fatal=False))
-            self._wake_app()
-
-    def _refresh_metadata(self, now: int) -> None:
-        try:
-            self._client.metadata(None, self._request_timeout())
-        except Exception as exc:
-            log.warning("group %s: metadata refresh failed: %s", self.group_id, exc)
-            return
-        self._core.on_metadata(now, self._client.topic_names())
+    def _check_network(self) -> None:
+        """Raise (from now on) the error that failed this member's network side."""
+        if self._fatal is None and self._net.failure is not None:
+            self._fatal = self._net.failure
+        if self._fatal is not None and self._fatal is self._net.failure:
+            raise self._fatal
 
     def _request_timeout(self) -> float:
         interval = self._core.heartbeat_interval_ms or 3000
         return min(max(interval / 1000, 1.0), self._config.connection.socket_timeout_ms / 1000)
 
-    def _send_heartbeat(self, request: Any) -> None:
-        failure: Failure | None = None
-        response = None
-        try:
-            response = self._client.heartbeat(request, self._request_timeout())
-        except UnsupportedBrokerError as exc:
-            failure = Failure(FailureKind.UNSUPPORTED_VERSION_CLIENT, exc.args[0].str())
-        except KafkaTimeoutError as exc:
-            failure = Failure(FailureKind.TIMEOUT, exc.args[0].str())
-        except (KafkaTransportError, ProtocolError) as exc:
-            failure = Failure(FailureKind.DISCONNECTED, exc.args[0].str())
-        except SaslError as exc:
-            failure = Failure(FailureKind.AUTHENTICATION, exc.args[0].str())
-        except KafkaException as exc:
-            kind = FailureKind.RETRIABLE if exc.args[0].retriable() else FailureKind.FATAL
-            failure = Failure(kind, exc.args[0].str())
-        except ValueError as exc:
-            failure = Failure(FailureKind.FATAL, str(exc))
-        now = _now_ms()
-        with self._core_lock:
-            if response is not None:
-                self._core.on_heartbeat_response(now, response, request)
-            else:
-                assert failure is not None
-                self._core.on_heartbeat_failure(now, failure, request)
-            if self._client.coordinator(self.group_id) is None and self._core.coordinator_known:
-                self._core.on_coordinator_unknown(now)
-            pending = set(self._core.pending_revocation)
-        # Fenced, fatal or stale: the partitions are lost now, not when on_lost runs in the
-        # next poll(); records of theirs still buffered must not reach the application.
-        self._fence(pending)
-        self._wake_app()
-
-    def _commit_epoch(self) -> int:
-        """OffsetCommit's GenerationIdOrMemberEpoch: the member epoch while in the group, else
-        -1 (reference §8). A fenced or rejoining member is at epoch 0; committing with 0 would
-        present its old partitions' offsets as a member's (a broker may accept it), while -1
-        is accepted only for an empty group."""
-        epoch = self.member_epoch
-        return epoch if epoch > 0 else -1
-
-    def _commit_logging_failures(
-        self, offsets: dict[Partition, OffsetAndMetadata], what: str, epoch: int | None = None
-    ) -> bool:
-        """Background-thread commit (async or auto), never retried: failures go to
-        ``on_commit`` if configured (else they are logged), never raised. False if there was
-        nothing new to commit."""
-        current = self._commit_epoch()
-        if epoch is None or current > 0 or epoch <= 0:
-            epoch = current
-        try:
-            return bool(self._send_commit(offsets, epoch, self._request_timeout()))
-        except Exception as exc:
-            level = logging.DEBUG if self._on_commit is not None else logging.WARNING
-            log.log(level, "group %s: %s failed: %s", self.group_id, what, exc)
-            return True
-
-    def _report_no_offset(self) -> None:
-        if self._on_commit is not None:
-            self._app_callbacks.append(
-                ("commit", (KafkaError(KafkaError._NO_OFFSET, "Local: No offset stored"), []))
-            )
-            self._wake_app()
-
-    def _run_async_commits(self) -> None:
-        while self._async_commits:
-            self._async_in_flight += 1
-            try:
-                offsets, epoch = self._async_commits.popleft()
-                if not self._commit_logging_failures(offsets, "async commit", epoch):
-                    self._report_no_offset()
-            finally:
-                self._async_in_flight -= 1
-
-    def _auto_commit_wait(self) -> float:
-        if not self._config.enable_auto_commit or self._config.auto_commit_interval_ms <= 0:
-            return 5.0
-        interval = self._config.auto_commit_interval_ms / 1000
-        return max(self._last_auto_commit + interval - time.monotonic(), 0.01)
-
-    def _maybe_auto_commit(self) -> None:
-        c = self._config
-        if not c.enable_auto_commit or c.auto_commit_interval_ms <= 0:
-            return
-        if time.monotonic() - self._last_auto_commit < c.auto_commit_interval_ms / 1000:
-            return
-        self._last_auto_commit = time.monotonic()
-        if self.state not in _IN_GROUP or self.member_epoch <= 0:
-            return
-        assigned = self._core.assigned_partitions
-        offsets = {p: o for p, o in self._consumed_offsets().items() if p in assigned}
-        if offsets:
-            self._commit_logging_failures(offsets, "auto-commit")
+    def _on_loop_auto_commit_offsets(self) -> Mapping[Partition, OffsetLike] | None:
+        """(loop thread, core lock held) What an auto-commit commits now: the consumed
+        offsets of the assigned partitions while in the group, else nothing."""
+        core = self._core
+        if core.state not in _IN_GROUP or core.member_epoch <= 0:
+            return None
+        assigned = core.assigned_partitions
+        return {p: o for p, o in self._consumed_offsets().items() if p in assigned}
