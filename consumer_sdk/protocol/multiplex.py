@@ -215,6 +215,9 @@ class MuxConnection:
         self.paused = False
         self.generation = 0  # bumped per established socket (stale timers check it)
         self.reauthentications = 0
+        # Where the connection's own log records go (the ``logger`` of the member that opened
+        # it); None: the consumer_sdk loggers.
+        self.log_target: Any = None
         self._cid = 0
         self._queued: deque[_Waiter] = deque()  # waiting for the connection
         self._in_flight: dict[int, _Waiter] = {}
@@ -366,6 +369,10 @@ class MuxConnection:
                 except (BlockingIOError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
                     break
                 if not data:
+                    if self._reader.pending:  # closed in the middle of a response
+                        raise ProtocolError(f"truncated frame: connection to {self.host}:"
+                                            f"{self.port} closed after {self._reader.pending} "
+                                            "bytes of a response")  # fmt: skip
                     raise KafkaTransportError(f"connection to {self.host}:{self.port} closed "
                                               "by the broker")  # fmt: skip
                 frames.extend(self._reader.feed(data))
@@ -394,9 +401,9 @@ class MuxConnection:
             waiter = self._in_flight.pop(cid, None)
             if waiter is None:
                 where = f"{self.host}:{self.port}"
-                self.close(
-                    ProtocolError(f"response with unknown correlation id {cid} from {where}")
-                )
+                self.close(ProtocolError(f"response with correlation id {cid} from {where} "
+                                         "does not match the awaited request (none in flight "
+                                         "has that id)"))  # fmt: skip
                 return
             try:
                 result = waiter.call.decode(frame, cid)

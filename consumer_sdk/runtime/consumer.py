@@ -79,10 +79,10 @@ class Consumer(GroupMember):
         # Set while on_revoke / on_lost runs: the partitions being released.
         self._releasing: set[Partition] | None = None
         super().__init__(config)
-        fetcher_config = self._config.fetcher_config()
-        if "stats_cb" in fetcher_config:
-            fetcher_config["stats_cb"] = self._stats_with_group_block
         try:
+            fetcher_config = self._config.fetcher_config()
+            if "stats_cb" in fetcher_config:
+                fetcher_config["stats_cb"] = self._stats_with_group_block
             self._fetcher = Fetcher(fetcher_config)
         except BaseException:
             super().close(timeout=1.0)

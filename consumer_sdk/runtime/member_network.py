@@ -670,6 +670,8 @@ class MemberNetwork:
         conn = self._conns.get((host, port))
         if conn is None:
             conn = self._conns[(host, port)] = self._loop.connection(self._settings, host, port)
+            if conn.log_target is None:
+                conn.log_target = self._logger
         return conn
 
     def _send_any(self, call: Any, handler: Callable[[Any, KafkaException | None], None]) -> None:

@@ -30,6 +30,7 @@ from collections.abc import Callable, Hashable
 from typing import Any, ClassVar
 
 from consumer_sdk.errors import KafkaException, KafkaTransportError
+from consumer_sdk.observability.log_routing import routed_logs
 from consumer_sdk.protocol.connection import BrokerConnection
 from consumer_sdk.protocol.multiplex import Call, Done, MuxConnection
 from consumer_sdk.protocol.security import ConnectionSettings
@@ -215,7 +216,8 @@ class NetworkLoop:
                 time.sleep(delay)
             bc = BrokerConnection(conn.host, conn.port, conn.settings)
             try:
-                bc.open()
+                with routed_logs(conn.log_target):
+                    bc.open()
             except KafkaException as exc:
                 error = exc
                 self.call_soon(lambda: self._connect_failed(conn, error))
@@ -256,7 +258,8 @@ class NetworkLoop:
 
         def run() -> None:
             try:
-                bc.reauthenticate()
+                with routed_logs(conn.log_target):
+                    bc.reauthenticate()
             except KafkaException as exc:
                 error = exc
                 self.call_soon(lambda: self._reauth_failed(conn, error))
@@ -271,14 +274,16 @@ class NetworkLoop:
         threading.Thread(target=run, name=f"{self._name}-reauth", daemon=True).start()
 
     def _reauth_failed(self, conn: MuxConnection, exc: KafkaException) -> None:
-        log.info("re-authentication with %s:%s failed: %s", conn.host, conn.port,
-                 exc.args[0].str())  # fmt: skip
+        with routed_logs(conn.log_target):
+            log.info("re-authentication with %s:%s failed: %s", conn.host, conn.port,
+                     exc.args[0].str())  # fmt: skip
         conn.close(exc)  # the helper closed the socket; this fails the held-back requests
 
     def _connect_failed(self, conn: MuxConnection, exc: KafkaException) -> None:
         backoff = self._backoff(conn.failures + 1, conn.settings)
-        log.info("connect to %s:%s failed (%s); next attempt in %.0f ms", conn.host, conn.port,
-                 exc.args[0].str(), backoff * 1000)  # fmt: skip
+        with routed_logs(conn.log_target):
+            log.info("connect to %s:%s failed (%s); next attempt in %.0f ms", conn.host,
+                     conn.port, exc.args[0].str(), backoff * 1000)  # fmt: skip
         conn.connect_failed(exc, backoff, time.monotonic())
         if not conn.idle and conn.state == MuxConnection.NEW:
             self._connect(conn)

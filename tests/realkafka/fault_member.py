@@ -20,21 +20,19 @@ class TracingMember(ChaosMember):
         consumer = super()._make_consumer()
         if self.impl != "sdk":
             return consumer
-        client = consumer._client
-        real = client.heartbeat
+        net = consumer._net
+        real = net._on_heartbeat
 
-        def traced(request: Any, timeout_s: float | None = None) -> Any:
-            try:
-                response = real(request, timeout_s)
-            except Exception as exc:
+        def traced(request: Any, response: Any, error: Any) -> None:
+            if error is not None:
                 self.log.write("hb", flush=True, sent=request.member_epoch,
-                               failure=type(exc).__name__)  # fmt: skip
-                raise
-            self.log.write("hb", flush=True, sent=request.member_epoch,
-                           code=response.error_code, got=response.member_epoch)  # fmt: skip
-            return response
+                               failure=type(error).__name__)  # fmt: skip
+            else:
+                self.log.write("hb", flush=True, sent=request.member_epoch,
+                               code=response.error_code, got=response.member_epoch)  # fmt: skip
+            real(request, response, error)
 
-        client.heartbeat = traced
+        net._on_heartbeat = traced
         return consumer
 
 

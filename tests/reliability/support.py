@@ -53,30 +53,54 @@ class HbCall:
     done: float = 0.0
 
 
+def trace_heartbeats(
+    member: GroupMember,
+    sent: Callable[[Any], None],
+    done: Callable[[Any, Any, BaseException | None], None],
+) -> None:
+    """Call ``sent(request)`` when the member's network side sends a heartbeat and
+    ``done(request, response, error)`` when its outcome arrives (both on the loop thread)."""
+    net = member._net
+    real_send, real_done = net._send_heartbeat, net._on_heartbeat
+
+    def send(request: Any) -> None:
+        sent(request)
+        real_send(request)
+
+    def on_heartbeat(request: Any, response: Any, error: BaseException | None) -> None:
+        done(request, response, error)
+        real_done(request, response, error)  # type: ignore[arg-type]
+
+    net._send_heartbeat = send  # type: ignore[method-assign]
+    net._on_heartbeat = on_heartbeat  # type: ignore[method-assign]
+
+
 class HeartbeatSpy:
-    """Wraps ``member._client.heartbeat`` to record every heartbeat and its outcome in order."""
+    """Records every heartbeat of ``member`` and its outcome in order."""
 
     def __init__(self, member: GroupMember) -> None:
         self.calls: list[HbCall] = []
         self._lock = threading.Lock()
-        client = member._client
-        real = client.heartbeat
+        in_flight: dict[int, HbCall] = {}
 
-        def spy(request: Any, timeout_s: float | None = None) -> Any:
+        def sent(request: Any) -> None:
             call = HbCall(time.monotonic(), member.state, request.member_epoch)
             with self._lock:
                 self.calls.append(call)
-            try:
-                response = real(request, timeout_s)
-            except Exception as exc:
-                call.failure = f"{type(exc).__name__}: {exc}"
-                call.done = time.monotonic()
-                raise
-            call.error_code = response.error_code
-            call.done = time.monotonic()
-            return response
+                in_flight[id(request)] = call
 
-        client.heartbeat = spy  # type: ignore[method-assign]
+        def done(request: Any, response: Any, error: BaseException | None) -> None:
+            with self._lock:
+                call = in_flight.pop(id(request), None)
+            if call is None:
+                return
+            if error is not None:
+                call.failure = f"{type(error).__name__}: {error}"
+            else:
+                call.error_code = response.error_code
+            call.done = time.monotonic()
+
+        trace_heartbeats(member, sent, done)
 
     def snapshot(self) -> list[HbCall]:
         with self._lock:

@@ -213,7 +213,8 @@ def test_every_connection_goes_through_the_fault_injector(
         kafka.produce("bad", [b"x"])
         consumer.subscribe(["bad"])
         app.next_record()
-        assert set(consumer._client._addresses.values()) == {("127.0.0.1", faulty.port)}
+        addresses = {(c.host, c.port) for c in consumer._net._conns.values()}
+        assert addresses == {("127.0.0.1", faulty.port)}
         # the SDK's bootstrap + coordinator connections and the fetcher's
         assert faulty.connections_accepted >= 3
     finally:

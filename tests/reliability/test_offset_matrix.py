@@ -148,13 +148,14 @@ def test_fenced_member_commits_with_epoch_minus_one(embedded_kafka_factory: Any)
     kafka.create_topic("oc", partitions=1, replication_factor=1)
     member = GroupMember(config(kafka, "oc-fenced", enable_auto_commit=False))
     sent: list[int] = []
-    real = member._client.offset_commit
+    real = member._net.commits.poll
 
-    def spy(request: Any, timeout_s: float | None = None) -> Any:
-        sent.append(request.member_epoch)
-        return real(request, timeout_s)
+    def spy(*args: Any) -> Any:
+        sends = real(*args)
+        sent.extend(s.request.member_epoch for s in sends)
+        return sends
 
-    member._client.offset_commit = spy  # type: ignore[method-assign]
+    member._net.commits.poll = spy  # type: ignore[method-assign]
     outcome: list[str] = []
 
     def on_lost(consumer: Any, parts: list[TopicPartition]) -> None:

@@ -84,7 +84,8 @@ def test_tls_consumer_end_to_end(kafka: EmbeddedKafka, certs: dict[str, Certific
             values = sorted(app.next_record().value() for _ in range(4))
             assert values == [b"r0", b"r1", b"r2", b"r3"]
             joined(app)
-            assert set(consumer._client._addresses.values()) == {("localhost", px.port)}
+            addresses = {(c.host, c.port) for c in consumer._net._conns.values()}
+            assert addresses == {("localhost", px.port)}
             assert px.rewritten >= 2 and px.handshake_failures == []
         finally:
             assert timed_close(consumer) < 5.5
@@ -218,7 +219,7 @@ def test_credentials_never_appear_in_repr_logs_metrics_or_exceptions(
                 else:
                     app.poll_until(lambda a=app: a.errors, timeout=20, what="the auth failure")
                 seen += [repr(consumer), str(consumer), repr(consumer._config),
-                         repr(consumer._config.connection), repr(consumer._client),
+                         repr(consumer._config.connection), repr(consumer._net),
                          repr(consumer.metrics()), repr(consumer.assignment())]  # fmt: skip
                 seen += [str(e) + repr(e) + e.args[0].str() for e in app.errors]
             finally:
@@ -289,7 +290,7 @@ def test_group_member_set_sasl_credentials(
             member.set_sasl_credentials(USER, PASSWORD)
             joined(app)
             assert (("SCRAM-SHA-256", USER) in px.authenticated) and px.auth_failures
-            assert PASSWORD not in repr(member._client.settings.credentials)
+            assert PASSWORD not in repr(member._net._settings.credentials)
         finally:
             assert timed_close(member) < 5.5
 
@@ -338,4 +339,4 @@ def test_a_bad_fetcher_value_is_a_config_error_not_an_attribute_error(
     with pytest.raises(ConfigError, match=r"isolation\.level: invalid value 'serializable'"):
         Consumer(config(kafka, "sec-badkey", isolation_level="serializable"))
     leftover = {t.name for t in threading.enumerate()} - before
-    assert not any(name.startswith("consumer-sdk-heartbeat") for name in leftover)
+    assert not any(name.startswith("consumer-sdk-") for name in leftover), leftover

@@ -401,7 +401,7 @@ def test_oauthbearer_with_oauth_cb_and_reauthentication(secure: Secured) -> None
         deadline = time.monotonic() + REAUTH_MS / 1000 * 1.6
         while time.monotonic() < deadline:
             assert consumer.poll(0.2) is None
-        reauths = sum(c.reauthentications for c in consumer._client._connections.values())
+        reauths = sum(c.reauthentications for c in consumer._net._conns.values())
         assert reauths >= 1, "no KIP-368 re-authentication on the group connection"
         assert consumer.member_epoch == epoch and len(consumer.assignment()) == 2
         expected = _produce(secure, topic, "late")
