@@ -102,7 +102,7 @@ class Consumer(GroupMember):
         ``on_commit`` and ``error_cb`` run here; callback exceptions and the member's errors
         are raised.
         """
-        if self._closed or self._fatal is not None:
+        if self._closed or self._fatal is not None or self._net.failure is not None:
             self._ensure_usable()
         now = time.monotonic()
         if now >= self._next_post_poll:
@@ -126,7 +126,8 @@ class Consumer(GroupMember):
             if msg is not None:
                 return msg
             self._post_poll()
-            if (events or queued) and self._dispatch_background_events() and forever:
+            failed = self._net.failure is not None
+            if (events or queued or failed) and self._dispatch_background_events() and forever:
                 return None
 
     def _post_poll_limited(self, now: float) -> None:
@@ -146,9 +147,9 @@ class Consumer(GroupMember):
         deadline = time.monotonic() + _wait_seconds(timeout)
         self._post_poll()
         while True:
-            if (self._core.background_events or self._app_callbacks) and (
-                self._dispatch_background_events() and forever
-            ):
+            if (
+                self._core.background_events or self._app_callbacks or self._net.failure
+            ) and (self._dispatch_background_events() and forever):
                 return self._fetcher.consume(num_messages, 0)
             remaining = deadline - time.monotonic()
             msgs = self._fetcher.consume(num_messages, max(min(remaining, self._slice()), 0))

@@ -286,6 +286,8 @@ class GroupMember:
             except BaseException as exc:  # keep leaving; raised by the caller afterwards
                 if first is None:
                     first = exc
+                if self._net.failure is not None:
+                    break  # the network side failed: nothing more will be sent
                 continue
             if self._leave_done.is_set() or self._net.failure is not None:
                 break

@@ -459,6 +459,11 @@ class MemberNetwork:
         ))  # fmt: skip
         if self._timer is not None:
             self._timer.cancel()
+        if self._on_fence is not None:  # the data plane stops: the member no longer heartbeats
+            try:
+                self._on_fence(set(self.core.assigned_partitions))
+            except Exception:
+                log.exception("group %s: fencing the data plane failed", self.config.group_id)
         fetches, self._fetches = self._fetches, []
         for f in fetches:
             f.finish(None, self.failure)

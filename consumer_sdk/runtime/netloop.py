@@ -20,6 +20,7 @@ import dataclasses
 import heapq
 import itertools
 import logging
+import os
 import random
 import selectors
 import socket
@@ -87,6 +88,7 @@ class NetworkLoop:
         self._rng = random.Random()
         self._thread: threading.Thread | None = None
         self._loop_thread_id: int | None = None
+        self._pid = os.getpid()
 
     # -- process-wide instance ----------------------------------------------------------------
 
@@ -95,7 +97,9 @@ class NetworkLoop:
         """The process-wide loop, started if needed; pair every call with `release`."""
         with cls._shared_lock:
             loop = cls._shared
-            if loop is None or loop._stopping:
+            # A forked child inherits the parent's loop object but not its thread: it starts
+            # its own (the parent's connections are the parent's).
+            if loop is None or loop._stopping or loop._pid != os.getpid():
                 loop = cls._shared = NetworkLoop()
             loop._users += 1
             loop._start()

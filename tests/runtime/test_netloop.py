@@ -3,6 +3,7 @@ per broker, commits, leaves, coordinator moves, TLS and SASL, against EmbeddedKa
 
 from __future__ import annotations
 
+import multiprocessing
 import shutil
 import threading
 import time
@@ -11,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from consumer_sdk import GroupMember, KafkaError, KafkaException, TopicPartition
 from consumer_sdk.config import ConsumerConfig
 from consumer_sdk.membership import (
     CallbackCompleted,
@@ -370,3 +372,111 @@ def test_no_wakeup_is_lost(monkeypatch: pytest.MonkeyPatch) -> None:
         assert failures == []
     finally:
         loop.release()
+
+
+# -- the GroupMember facade on the shared loop ---------------------------------------------------
+
+
+def _network_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith("consumer-sdk-")]
+
+
+def _facade(kafka: EmbeddedKafka, group: str, **extra: Any) -> GroupMember:
+    return GroupMember({"bootstrap.servers": kafka.bootstrap_servers, "group.id": group,
+                        "enable.auto.commit": False, **extra})  # fmt: skip
+
+
+def _poll_members(members: list[GroupMember], done: Any, what: str, timeout: float = 30) -> None:
+    def step() -> bool:
+        for m in members:
+            m.poll(0)
+        return bool(done())
+
+    wait_until(step, timeout=timeout, interval=0.02, description=what)
+
+
+def test_group_members_share_one_network_thread_and_leave_none_behind(
+    kafka: EmbeddedKafka,
+) -> None:
+    kafka.create_topic("nl-facade", partitions=8)
+    assert not any(n == "consumer-sdk-network" for n in _network_threads())
+    members = [_facade(kafka, "nl-facade") for _ in range(8)]
+    try:
+        for m in members:
+            m.subscribe(["nl-facade"])
+        _poll_members(members, lambda: all(m.state is MemberState.STABLE for m in members)
+                      and sum(len(m.assignment()) for m in members) == 8, "all stable")  # fmt: skip
+        names = _network_threads()
+        assert names.count("consumer-sdk-network") == 1, names
+        assert not any("heartbeat" in n for n in names), "no thread per member"
+    finally:
+        for m in members:
+            m.close(5)
+    wait_until(lambda: not _network_threads(), timeout=10,
+               description=f"no SDK thread left after close: {_network_threads()}")  # fmt: skip
+
+
+def test_one_members_failure_on_the_loop_spares_the_others(kafka: EmbeddedKafka) -> None:
+    """An exception in one member's loop-side work fails that member with a clear error; the
+    loop goes on heartbeating for the others."""
+    kafka.create_topic("nl-isolate", partitions=2)
+    good, bad = _facade(kafka, "nl-isolate"), _facade(kafka, "nl-isolate")
+    try:
+        for m in (good, bad):
+            m.subscribe(["nl-isolate"])
+        _poll_members([good, bad], lambda: good.state is MemberState.STABLE
+                      and bad.state is MemberState.STABLE, "both stable")  # fmt: skip
+
+        def broken(*args: Any) -> None:
+            raise RuntimeError("injected response-handling bug")
+
+        bad._net.core.on_heartbeat_response = broken  # type: ignore[method-assign]
+        with pytest.raises(KafkaException, match="injected response-handling bug") as info:
+            wait_until(lambda: bad.poll(0.05) or False, timeout=10, interval=0,
+                       description="the failed member's poll raises")  # fmt: skip
+        assert info.value.args[0].code() == KafkaError._FATAL
+        with pytest.raises(KafkaException, match="failed on the network loop"):
+            bad.commit(offsets=[TopicPartition("nl-isolate", 0, 1)], asynchronous=False)
+        beats = good.metrics()["heartbeat-total"]
+        # The broker fences the silent member after its session; the loop serves the other.
+        _poll_members([good], lambda: good.metrics()["heartbeat-total"] >= beats + 3
+                      and len(good.assignment()) == 2 and good.state is MemberState.STABLE,
+                      "the other member heartbeats and takes over both partitions",
+                      timeout=40)  # fmt: skip
+    finally:
+        bad.close(1)
+        good.close(5)
+    wait_until(lambda: not _network_threads(), timeout=10, description="no SDK thread left")
+
+
+def _member_in_child(bootstrap: str, out: Any) -> None:
+    member = GroupMember({"bootstrap.servers": bootstrap, "group.id": "nl-fork",
+                          "enable.auto.commit": False})  # fmt: skip
+    try:
+        member.subscribe(["nl-fork"])
+        wait_until(lambda: (member.poll(0.05), member.state is MemberState.STABLE)[1],
+                   timeout=30, interval=0, description="child member stable")  # fmt: skip
+        out.send(len(member.assignment()))
+    finally:
+        member.close(5)
+
+
+def test_a_forked_child_runs_its_own_loop(kafka: EmbeddedKafka) -> None:
+    """A process forked while the parent's loop runs gets its own loop (the parent's thread
+    does not exist in the child)."""
+    kafka.create_topic("nl-fork", partitions=1)
+    parent = _facade(kafka, "nl-fork-parent")
+    try:
+        parent.subscribe(["nl-fork"])
+        _poll_members([parent], lambda: parent.state is MemberState.STABLE, "parent stable")
+        ctx = multiprocessing.get_context("fork")
+        recv, send = ctx.Pipe(duplex=False)
+        child = ctx.Process(target=_member_in_child, args=(kafka.bootstrap_servers, send))
+        child.start()
+        assert recv.poll(60), "the forked child's member never became stable"
+        assert recv.recv() == 1
+        child.join(30)
+        assert child.exitcode == 0
+        _poll_members([parent], lambda: parent.state is MemberState.STABLE, "parent stable")
+    finally:
+        parent.close(5)
