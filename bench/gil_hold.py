@@ -1,6 +1,6 @@
 """The GIL limit: an application call that holds the GIL starves the heartbeats.
 
-Heartbeats are Python code (on the member's background thread, or on the shared network loop),
+Heartbeats are Python code (on the process's shared network loop),
 so while the application thread runs a C call that does not release the GIL, no heartbeat is
 built, sent or answered. A pure-Python loop does not do this (the interpreter switches threads
 every ``sys.getswitchinterval()``), nor does a C call that releases the GIL (``time.sleep``,

@@ -3,11 +3,11 @@
 Two hosts are expected:
 
 - The runtime: the application thread submits application events (`submit`)
-  and `drain_background_events` inside ``poll()``; the background thread
+  and `drain_background_events` inside ``poll()``; the shared network loop
   calls `poll`, sends the returned heartbeat, and reports responses,
   failures, metadata and coordinator changes. The core is not thread-safe: the runtime calls it
-  from its background thread only (``submit`` and ``drain_background_events`` are the two
-  methods safe to call from another thread), or serialises all calls with a lock.
+  from the loop thread only (``submit`` and ``drain_background_events`` are the two methods
+  safe to call from another thread), or serialises all calls with a lock.
 - A single-threaded host (tests, a simulator): calls `handle` directly.
 """
 

@@ -1,7 +1,7 @@
 """Cluster client: bootstrap, Metadata with topic ids, FindCoordinator, routing, reconnect.
 
-Blocking and thread-safe (one lock per connection, one for the routing tables). The runtime's
-background thread drives it; tools and tests may call it directly.
+Blocking and thread-safe (one lock per connection, one for the routing tables). Used by the CLI,
+the chaos driver, test clusters and tests; group members use the shared network loop instead.
 """
 
 from __future__ import annotations

@@ -25,12 +25,12 @@ from consumer_sdk.membership.requests import CommitKind, OffsetLike
 from consumer_sdk.runtime._librdkafka import write_group_metadata
 from consumer_sdk.runtime.fetcher import Fetcher
 from consumer_sdk.runtime.group_member import (
-    _REBALANCE_POLL_GAP_S,
     GroupMember,
     Partition,
     RebalanceCallback,
     _wait_seconds,
 )
+from consumer_sdk.runtime.member_network import _REBALANCE_POLL_GAP_S
 from consumer_sdk.runtime.offsets import OffsetAndMetadata
 
 __all__ = ["Consumer"]
@@ -125,16 +125,16 @@ class Consumer(GroupMember):
             msg = self._fetcher.poll(min(remaining, self._slice()))
             if msg is not None:
                 return msg
-            self._post_poll()
+            self._net.note_poll()
             failed = self._net.failure is not None
             if (events or queued or failed) and self._dispatch_background_events() and forever:
                 return None
 
     def _post_poll_limited(self, now: float) -> None:
-        # _post_poll posts at most once per _REBALANCE_POLL_GAP_S; asking it more often
+        # note_poll posts at most once per _REBALANCE_POLL_GAP_S; asking it more often
         # only costs time on the per-record path (reading the member state).
         self._next_post_poll = now + _REBALANCE_POLL_GAP_S
-        self._post_poll()
+        self._net.note_poll()
 
     def consume(self, num_messages: int = 1, timeout: float | None = None) -> list[Message]:
         """Up to ``num_messages`` records within ``timeout`` seconds; ``None`` (the default)
@@ -145,7 +145,7 @@ class Consumer(GroupMember):
             raise ValueError(f"num_messages must be >= 1, got {num_messages}")
         forever = timeout is None or timeout < 0
         deadline = time.monotonic() + _wait_seconds(timeout)
-        self._post_poll()
+        self._net.note_poll()
         while True:
             if (
                 self._core.background_events or self._app_callbacks or self._net.failure
@@ -155,7 +155,7 @@ class Consumer(GroupMember):
             msgs = self._fetcher.consume(num_messages, max(min(remaining, self._slice()), 0))
             if msgs or time.monotonic() >= deadline:
                 return msgs
-            self._post_poll()
+            self._net.note_poll()
 
     def store_offsets(
         self,

@@ -318,14 +318,9 @@ class GroupMember:
         raised by callbacks. A ``GroupMember`` has no data plane and always returns None.
         """
         self._ensure_usable()
-        self._post_poll()
+        self._net.note_poll()
         self._run_until(lambda: False, _wait_seconds(timeout), stop_after_callback=True)
         return None
-
-    def _post_poll(self) -> None:
-        """Tell the core the application is polling (resets the poll timer, lets revocations
-        run); see `MemberNetwork.note_poll`."""
-        self._net.note_poll()
 
     def _await_background(self, timeout: float) -> None:
         """Block (no busy wait) until the loop queued events or results, a callback was queued
@@ -347,7 +342,7 @@ class GroupMember:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return False
-            self._post_poll()
+            self._net.note_poll()
             self._await_background(min(remaining, _POLL_EVENT_INTERVAL_S))
         return True
 

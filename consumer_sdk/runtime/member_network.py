@@ -80,7 +80,7 @@ Partition = tuple[str, int]
 
 _COORDINATOR_ERRORS = frozenset({ErrorCode.NOT_COORDINATOR, ErrorCode.COORDINATOR_NOT_AVAILABLE})
 _IDLE_MS = 5_000
-# A stable member's poll events only reset the poll timer; see GroupMember._post_poll.
+# A stable member's poll events only reset the poll timer; see MemberNetwork.note_poll.
 _REBALANCE_POLL_GAP_S = 0.002
 
 _ENCODER = HeartbeatEncoder()  # used on the loop thread only
