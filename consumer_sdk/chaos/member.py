@@ -115,29 +115,24 @@ class ChaosMember:
 
         The chaos topic is the only one subscribed, so every partition in TopicPartitions is
         one of its partitions."""
-        client: Any = getattr(consumer, "_client", None)
-        send = getattr(client, "heartbeat", None)
-        if send is None:
-            log.error("heartbeat trace unavailable: the consumer has no client.heartbeat")
+        net: Any = getattr(consumer, "_net", None)
+        if net is None or not hasattr(net, "heartbeat_trace"):
+            log.error("heartbeat trace unavailable: the consumer has no MemberNetwork")
             return
 
         def parts(topics: Any) -> list[int] | None:
             return None if topics is None else sorted(p for t in topics for p in t.partitions)
 
-        def traced(request: Any, timeout_s: float | None = None) -> Any:
-            sent = time.time()
+        def traced(request: Any, sent: float, response: Any, error: Any) -> None:
             fields = {"sent": sent, "req_ep": request.member_epoch,
                       "tp": parts(request.topic_partitions)}  # fmt: skip
-            try:
-                response = send(request, timeout_s)
-            except Exception as exc:
-                self.log.write("hb", fail=f"{type(exc).__name__}: {exc}", **fields)
-                raise
+            if error is not None:
+                self.log.write("hb", fail=f"{type(error).__name__}: {error}", **fields)
+                return
             self.log.write("hb", err=response.error_code, resp_ep=response.member_epoch,
                            assigned=parts(response.assignment), **fields)  # fmt: skip
-            return response
 
-        client.heartbeat = traced
+        net.heartbeat_trace = traced
 
     def _identity(self) -> None:
         c = self.consumer

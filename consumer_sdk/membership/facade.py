@@ -244,3 +244,8 @@ class GroupMembership:
 
     def on_coordinator_unknown(self, now_ms: int) -> None:
         self._heartbeat.on_coordinator_unknown(now_ms)
+
+    def on_coordinator_connection_lost(self) -> None:
+        """The connection to the coordinator was replaced since the last answered heartbeat
+        (even with no request on it to fail): the next heartbeat carries every field."""
+        self._heartbeat.reset_sent_fields()

@@ -89,6 +89,7 @@ _UNREACHABLE_AFTER = 3
 
 _P = ParamSpec("_P")
 CommitHook = Callable[[CommitResult, Mapping[Partition, OffsetLike]], None]
+HeartbeatTrace = Callable[[HeartbeatRequest, float, Any, KafkaException | None], None]
 LogTarget = logging.Logger | logging.LoggerAdapter[logging.Logger]
 
 
@@ -253,6 +254,11 @@ class MemberNetwork:
         self._commit_offsets: dict[int, Mapping[Partition, OffsetLike]] = {}
         self._commit_sent_ms: dict[int, int] = {}
         self._fetches: list[_Fetch] = []
+        #: Diagnostics: called on the loop thread with each heartbeat's outcome,
+        #: ``(request, sent wall-clock time, response or None, error or None)``.
+        self.heartbeat_trace: HeartbeatTrace | None = None
+        # The coordinator socket the last heartbeat was answered on (see _run_locked).
+        self._hb_conn: tuple[int, int] | None = None
         self.lock = self._lock = threading.RLock()  # the core and the managers
         self._events = threading.Condition(threading.Lock())
         self._results: list[CommitResult] = []
@@ -546,6 +552,9 @@ class MemberNetwork:
             for f in fetches:
                 self._send_fetch(f)
         # Heartbeat
+        if self._hb_conn is not None and self._coordinator_conn_key() != self._hb_conn:
+            self._hb_conn = None
+            core.on_coordinator_connection_lost()
         result = core.poll(now)
         if result.request is not None:
             self._send_heartbeat(result.request)
@@ -556,6 +565,16 @@ class MemberNetwork:
         for f in self._fetches:
             wait = min(wait, max(int((f.deadline - time.monotonic()) * 1000), 0))
         return min(wait, self.commits.time_until_next_poll(now, known, _IDLE_MS))
+
+    def _coordinator_conn_key(self) -> tuple[int, int] | None:
+        """Which socket the coordinator connection is on (None: none established)."""
+        coordinator = self.coordinator.coordinator
+        if coordinator is None:
+            return None
+        conn = self._conn(coordinator.host, coordinator.port)
+        if conn.state != MuxConnection.READY:
+            return None
+        return (id(conn), conn.generation)
 
     def _expire_fetches(self) -> None:
         """OffsetFetches still waiting for a coordinator past their deadline fail."""
@@ -698,9 +717,22 @@ class MemberNetwork:
 
     def _send_heartbeat(self, request: HeartbeatRequest) -> None:
         call = HeartbeatCall(request, _ENCODER, self._client_id)
-        self._send_coordinator(
-            call, lambda res, err: self._on_heartbeat(request, res, err), heartbeat=True
-        )
+        trace = self.heartbeat_trace
+        if trace is None:
+            self._send_coordinator(
+                call, lambda res, err: self._on_heartbeat(request, res, err), heartbeat=True
+            )
+            return
+        sent = time.time()
+
+        def traced(response: Any, error: KafkaException | None) -> None:
+            try:
+                trace(request, sent, response, error)
+            except Exception:
+                log.exception("group %s: heartbeat trace failed", self.config.group_id)
+            self._on_heartbeat(request, response, error)
+
+        self._send_coordinator(call, traced, heartbeat=True)
 
     def _send_fetch(self, fetch: _Fetch) -> None:
         req = fetch.request
@@ -737,6 +769,7 @@ class MemberNetwork:
             was_stable = core.state is MemberState.STABLE
             if error is None:
                 core.on_heartbeat_response(now, response, request)
+                self._hb_conn = self._coordinator_conn_key()
                 if response.error_code in _COORDINATOR_ERRORS:
                     self._coordinator_lost(ErrorCode.name_of(response.error_code))
             else:
