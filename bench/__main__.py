@@ -102,7 +102,7 @@ def _run_real(args: argparse.Namespace) -> int:
         "complete and exclusive. Times are means; the ratio is of the means, with the ratio "
         "of the medians next to it. A step takes whole heartbeat intervals plus the phase of "
         "the members' timers, so each client's times fall in clusters one interval apart (see "
-        "every run below) and the median of five samples jumps between clusters; a single "
+        "every run below) and the median of a few samples jumps between clusters; a single "
         "pair's ratio is the phase of that pair.",
         "",
         "| scenario | mock: sdk | mock: confluent | mock ratio (medians; spread) | real: sdk "
@@ -179,7 +179,7 @@ def _run_real(args: argparse.Namespace) -> int:
         "",
         "Each convergence step waits for the members' next heartbeats (500 ms apart), so a "
         "single run of either client varies by up to an interval per step: a pair's ratio "
-        "ranges widely (see the spread) and only the median over pairs says something. On the "
+        "ranges widely (see the spread) and only the mean over many pairs says something. On the "
         "real cluster the failover also waits for the broker to move `__consumer_offsets` "
         "leadership and load the group: members see NOT_COORDINATOR (and then the new "
         "coordinator still loading) for a few hundred ms; the SDK looks the coordinator up "
