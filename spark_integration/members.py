@@ -303,7 +303,10 @@ class _MemberLoop:
         self.buffer: list[Any] = []
         self.buffer_since = 0.0
         self.processed: dict[Partition, int] = {}  # next offset after processed records
-        self.committed: dict[Partition, int] = {}
+        self.committed: dict[Partition, int] = {}  # confirmed by a synchronous commit
+        # sent asynchronously, not confirmed: a synchronous commit (revoke, stop) sends them
+        # again, as an asynchronous commit can fail (a rebalance's stale epoch) unseen
+        self.sent_async: dict[Partition, int] = {}
         self.report = MemberReport(index=index, member_id="")
         self._carry_over()
         self._seq = 0
@@ -423,7 +426,9 @@ class _MemberLoop:
         todo = {
             p: o
             for p, o in self.processed.items()
-            if (parts is None or p in parts) and self.committed.get(p) != o
+            if (parts is None or p in parts)
+            and self.committed.get(p) != o
+            and not (asynchronous and self.sent_async.get(p) == o)
         }
         if not todo:
             return
@@ -436,7 +441,7 @@ class _MemberLoop:
             log.warning("kip848 member %d: commit failed: %s", self.index, exc)
             self.event("commit-failed", offsets=_keyed(todo), error=str(exc))
             return
-        self.committed.update(todo)
+        (self.sent_async if asynchronous else self.committed).update(todo)
         self.report.commits += 1
         self.event("commit", offsets=_keyed(todo), sync=not asynchronous)
 
@@ -456,6 +461,7 @@ class _MemberLoop:
         for p in parts:
             self.processed.pop(p, None)
             self.committed.pop(p, None)
+            self.sent_async.pop(p, None)
         self.report.revocations += 1
         self.event("revoke-done", partitions=names)
 
@@ -468,6 +474,7 @@ class _MemberLoop:
         for p in parts:
             self.processed.pop(p, None)
             self.committed.pop(p, None)
+            self.sent_async.pop(p, None)
         self.report.lost += 1
         self.event("lost", partitions=[f"{t}:{p}" for t, p in sorted(parts)])
 
