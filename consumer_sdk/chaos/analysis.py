@@ -18,6 +18,14 @@ own view: the time from the next owner's assignment to the member's ``lost`` is 
 *zombie window*, not an overlap (no client can know it was fenced before it reaches the
 coordinator again).
 
+A member can also learn that it was fenced only from a commit the broker rejects as
+UNKNOWN_MEMBER_ID or FENCED_MEMBER_EPOCH (e.g. in the ``on_revoke`` of its close, when a
+heartbeat to a stalled coordinator never came back). Its ownership then ends
+(``fenced_commit``) one session after its last proof of membership (a successful commit, or a
+heartbeat answered without error in an SDK member's trace) before that error: the broker
+cannot have expired it earlier. A next owner assigned after that is a zombie window; one
+assigned before stays an overlap.
+
 On the mock, an overlap is counted apart as the mock's (``overlaps_mock_reset``) only with
 proof that the owner never released the partition: librdkafka's mock forgets which partitions
 a member owns when its connection to the coordinator closes (it resets the member's current
@@ -57,7 +65,7 @@ class Interval:
     partition: Partition
     start: float
     end: float
-    end_kind: str  # revoke | lost | fenced | fenced_unreachable | kill | close | open
+    end_kind: str  # revoke | lost | fenced | fenced_unreachable | fenced_commit | kill | open
     lost_at: float = 0.0  # when the incarnation reported the loss (fenced intervals)
 
 
@@ -234,6 +242,11 @@ def intervals(inc: Incarnation, session_s: float, interval_s: float = 0.0) -> li
             if stops:
                 first, kind = min(stops)
                 t = min(t, first + session_s - interval_s)
+        elif kind == "revoke":
+            fenced = _fenced_by_commit(inc, start, t)
+            if fenced is not None:
+                alive, lost_at = fenced
+                kind, t = "fenced_commit", min(t, alive + session_s - interval_s)
         out.append(Interval(inc.name, p, start, t, kind, lost_at))
 
     last_t = 0.0
@@ -261,6 +274,24 @@ def intervals(inc: Incarnation, session_s: float, interval_s: float = 0.0) -> li
         else:
             out.append(Interval(inc.name, p, open_.pop(p), last_t, "open"))
     return out
+
+
+#: commit errors that prove the broker no longer had the member (it had been fenced)
+FENCING_COMMIT_ERRORS = ("UNKNOWN_MEMBER_ID", "FENCED_MEMBER_EPOCH")
+
+
+def _fenced_by_commit(inc: Incarnation, start: float, end: float) -> tuple[float, float] | None:
+    """(last proof of membership, the error) when a commit of ``inc`` failed with a fencing
+    error between ``start`` and ``end`` (the first such error), else None."""
+    error_at = next((ev["t"] for ev in inc.events if ev["ev"] == "commit_failed"
+                     and start <= ev["t"] <= end
+                     and any(code in str(ev.get("error")) for code in FENCING_COMMIT_ERRORS)),
+                    None)  # fmt: skip
+    if error_at is None:
+        return None
+    proofs = [ev["t"] for ev in inc.events if ev["t"] < error_at and (
+        ev["ev"] == "commit" or (ev["ev"] == "hb" and ev.get("err") == 0))]  # fmt: skip
+    return (max(proofs, default=start), error_at)
 
 
 def _commits(inc: Incarnation) -> dict[Partition, list[tuple[float, int]]]:
@@ -499,7 +530,8 @@ def analyze(
             )
             if (
                 covering is not None
-                and covering.end_kind in ("kill", "lost", "fenced", "fenced_unreachable")
+                and covering.end_kind
+                in ("kill", "lost", "fenced", "fenced_unreachable", "fenced_commit")
                 and not committed_past
             ):
                 explained += 1

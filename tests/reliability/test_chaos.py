@@ -369,6 +369,33 @@ def test_checker_takes_the_coordinator_from_the_drivers_watch() -> None:
         assert check(events, fault + watch).violations == {"overlaps": 1}, watch
 
 
+def test_checker_ends_ownership_of_a_member_fenced_as_its_commit_shows() -> None:
+    """a's last successful commit at 1.5; its heartbeats then stalled and the broker expired
+    it; b got the partition at 8.0; a learned it only at 9.0, from a commit rejected with
+    UNKNOWN_MEMBER_ID in the on_revoke of its close. A zombie window (a's ownership ends one
+    session after 1.5), unless b got it before then: an overlap. Without the fencing error a
+    plain overlap."""
+
+    def run(b_at: float, error: str) -> list[dict[str, Any]]:
+        return [
+            ev(1.0, "assign", "a/1", parts=[0]),
+            *(ev(1.1 + i / 10, "rec", "a/1", p=0, o=i) for i in range(3)),
+            ev(1.5, "commit", "a/1", offsets={"0": 3}),
+            ev(b_at, "assign", "b/2", parts=[0]),
+            ev(b_at + 0.1, "rec", "b/2", p=0, o=3),
+            ev(b_at + 0.2, "commit", "b/2", offsets={"0": 4}),
+            ev(9.0, "commit_failed", "a/1", offsets={"0": 3}, error=error),
+            ev(9.0, "revoke", "a/1", parts=[0]),
+        ]
+
+    fenced = 'KafkaError{code=UNKNOWN_MEMBER_ID,val=25,str="Commit failed: Broker: Unknown member"}'
+    summary = check(run(8.0, fenced))
+    assert summary.violations == {}, summary.examples
+    assert summary.zombie_windows == 1 and abs(summary.zombie_max_s - 1.0) < 1e-6
+    assert check(run(6.0, fenced)).violations == {"overlaps": 1}  # before 1.5 + 6 s
+    assert check(run(8.0, "KafkaError{code=REQUEST_TIMED_OUT}")).violations == {"overlaps": 1}
+
+
 def test_checker_takes_the_earlier_of_a_members_pause_and_its_coordinators_hang() -> None:
     """a was cut off when the coordinator's node hung at 1.0, then SIGSTOPped at 3.0: the
     coordinator fenced it on its own resume at 7.2, and b took the partition then. The
