@@ -50,7 +50,12 @@ from consumer_sdk.membership import (
 )
 from consumer_sdk.membership.requests import CommitKind, CommitResult, OffsetLike
 from consumer_sdk.runtime.member_network import MemberNetwork
-from consumer_sdk.runtime.offsets import COMMIT_RETRIABLE, CommitFailedError, OffsetAndMetadata
+from consumer_sdk.runtime.offsets import (
+    COMMIT_RETRIABLE,
+    CommitFailedError,
+    OffsetAndMetadata,
+    committed_offsets,
+)
 
 __all__ = ["GroupMember", "RebalanceCallback"]
 
@@ -682,19 +687,7 @@ class GroupMember:
             return {}
         request = OffsetFetchRequest(self.group_id, tuple(sorted(partitions)), member_id, epoch,
                                      require_stable=True)  # fmt: skip
-        response = self._net.fetch_offsets(request, timeout)
-        if response.error_code != 0:
-            raise BrokerResponseError.from_code(response.error_code, "OffsetFetch")
-        result: dict[Partition, OffsetAndMetadata | None] = {}
-        for r in response.partitions:
-            if r.error_code != 0:
-                raise BrokerResponseError.from_code(
-                    r.error_code, f"OffsetFetch {r.topic}[{r.partition}]"
-                )
-            result[(r.topic, r.partition)] = (
-                OffsetAndMetadata(r.offset, r.leader_epoch, r.metadata) if r.offset >= 0 else None
-            )
-        return result
+        return committed_offsets(self._net.fetch_offsets(request, timeout))
 
     # -- close ------------------------------------------------------------------------------
 

@@ -13,7 +13,12 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from consumer_sdk.domain import OffsetCommitPartition, OffsetCommitRequest, OffsetFetchRequest
+from consumer_sdk.domain import (
+    OffsetCommitPartition,
+    OffsetCommitRequest,
+    OffsetFetchRequest,
+    OffsetFetchResponse,
+)
 from consumer_sdk.error_codes import ErrorCode
 from consumer_sdk.errors import (
     RETRIABLE_CODES,
@@ -152,19 +157,26 @@ class OffsetManager:
             ),
             timeout_s,
         )
-        if response.error_code != 0:
-            raise BrokerResponseError.from_code(response.error_code, "OffsetFetch")
-        result: dict[Partition, OffsetAndMetadata | None] = {}
-        for r in response.partitions:
-            if r.error_code != 0:
-                raise BrokerResponseError.from_code(
-                    r.error_code, f"OffsetFetch {r.topic}[{r.partition}]"
-                )
-            result[(r.topic, r.partition)] = (
-                OffsetAndMetadata(r.offset, r.leader_epoch, r.metadata) if r.offset >= 0 else None
-            )
-            if r.offset >= 0:
-                with self._lock:
-                    key = (r.topic, r.partition)
-                    self._committed[key] = max(self._committed.get(key, -1), r.offset)
+        result = committed_offsets(response)
+        with self._lock:
+            for key, found in result.items():
+                if found is not None:
+                    self._committed[key] = max(self._committed.get(key, -1), found.offset)
         return result
+
+
+def committed_offsets(response: OffsetFetchResponse) -> dict[Partition, OffsetAndMetadata | None]:
+    """An OffsetFetch answer as committed offsets (None where the group has none);
+    ``BrokerResponseError`` for an error in the answer."""
+    if response.error_code != 0:
+        raise BrokerResponseError.from_code(response.error_code, "OffsetFetch")
+    result: dict[Partition, OffsetAndMetadata | None] = {}
+    for r in response.partitions:
+        if r.error_code != 0:
+            raise BrokerResponseError.from_code(
+                r.error_code, f"OffsetFetch {r.topic}[{r.partition}]"
+            )
+        result[(r.topic, r.partition)] = (
+            OffsetAndMetadata(r.offset, r.leader_epoch, r.metadata) if r.offset >= 0 else None
+        )
+    return result
