@@ -21,6 +21,9 @@ def spark() -> Iterator[Any]:
         **{
             "spark.default.parallelism": "4",
             "spark.sql.streaming.noDataMicroBatches.enabled": "false",
+            # collect() hands results over a local socket that the JVM keeps open for this
+            # long (15 s by default): on a loaded CI machine the Python side came too late
+            "spark.python.authenticate.socketTimeout": "120s",
         },
     )
     try:
