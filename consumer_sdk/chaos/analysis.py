@@ -20,11 +20,16 @@ coordinator again).
 
 A member can also learn that it was fenced only from a commit the broker rejects as
 UNKNOWN_MEMBER_ID or FENCED_MEMBER_EPOCH (e.g. in the ``on_revoke`` of its close, when a
-heartbeat to a stalled coordinator never came back). Its ownership then ends
-(``fenced_commit``) one session after its last proof of membership (a successful commit, or a
-heartbeat answered without error in an SDK member's trace) before that error: the broker
-cannot have expired it earlier. A next owner assigned after that is a zombie window; one
-assigned before stays an overlap.
+heartbeat to a stalled coordinator never came back), or be fenced while it ran, with no fault
+of its own or its coordinator's node (a heartbeat stalled behind a killed replica) and report
+``lost``. Its ownership then ends (``fenced_commit``, ``fenced_expired``) when the broker can
+first have expired its session (`_fencing_bound`): one session after the latest heartbeat
+answered without error was sent (the broker restarts the session when it reads a heartbeat),
+and no earlier than its latest successful commit. Every member traces its heartbeats: the SDK
+through ``heartbeat_trace``, confluent-kafka through librdkafka's debug lines on its stderr
+(`librdkafka_heartbeats`). A next owner assigned after that bound is a zombie window; one
+assigned before stays an overlap. A ``lost`` of a member without a trace stays where it was
+reported.
 
 On the mock, an overlap is counted apart as the mock's (``overlaps_mock_reset``) only with
 proof that the owner never released the partition: librdkafka's mock forgets which partitions
@@ -44,6 +49,7 @@ and which never committed past that record: it is uncommitted work redone by the
 from __future__ import annotations
 
 import json
+import re
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
@@ -57,6 +63,8 @@ ACTION_EVENTS = ("kill", "stop", "restart", "coordinator", "broker_down", "node_
                  "node_pause")  # fmt: skip
 #: real-cluster driver events that cut members off from the coordinator (when they name it)
 CUT_OFF_EVENTS = ("coordinator", "node_kill", "node_pause")
+#: ownerships that ended because the broker fenced the member (module doc)
+FENCED_KINDS = ("fenced", "fenced_unreachable", "fenced_commit", "fenced_expired")
 
 
 @dataclass
@@ -65,7 +73,7 @@ class Interval:
     partition: Partition
     start: float
     end: float
-    end_kind: str  # revoke | lost | fenced | fenced_unreachable | fenced_commit | kill | open
+    end_kind: str  # revoke | lost | kill | open | one of FENCED_KINDS
     lost_at: float = 0.0  # when the incarnation reported the loss (fenced intervals)
 
 
@@ -174,6 +182,19 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return out
 
 
+def read_member_events(members_dir: Path) -> list[dict[str, Any]]:
+    """Every member's events (``*.jsonl``) and, for the incarnations among them, the
+    heartbeat traces librdkafka wrote to the members' stderr (``*.stderr``)."""
+    events: list[dict[str, Any]] = []
+    for path in sorted(members_dir.glob("*.jsonl")):
+        events.extend(read_jsonl(path))
+    known = {ev["inc"] for ev in events}
+    for path in sorted(members_dir.glob("*.stderr")):
+        with path.open(encoding="utf-8", errors="replace") as f:
+            events.extend(ev for ev in librdkafka_heartbeats(f) if ev["inc"] in known)
+    return events
+
+
 def incarnations(
     member_events: Iterable[dict[str, Any]], driver_events: Iterable[dict[str, Any]]
 ) -> dict[str, Incarnation]:
@@ -242,11 +263,16 @@ def intervals(inc: Incarnation, session_s: float, interval_s: float = 0.0) -> li
             if stops:
                 first, kind = min(stops)
                 t = min(t, first + session_s - interval_s)
+            elif _traced(inc):
+                bound = _fencing_bound(inc, start, t, session_s, interval_s)
+                if bound is not None and bound < t:
+                    kind, t = "fenced_expired", max(start, bound)
         elif kind == "revoke":
-            fenced = _fenced_by_commit(inc, start, t)
-            if fenced is not None:
-                alive, lost_at = fenced
-                kind, t = "fenced_commit", min(t, alive + session_s - interval_s)
+            error_at = _fencing_commit_error(inc, start, t)
+            if error_at is not None:
+                bound = _fencing_bound(inc, start, error_at, session_s, interval_s)
+                if bound is not None:
+                    kind, t, lost_at = "fenced_commit", max(start, min(t, bound)), error_at
         out.append(Interval(inc.name, p, start, t, kind, lost_at))
 
     last_t = 0.0
@@ -280,18 +306,62 @@ def intervals(inc: Incarnation, session_s: float, interval_s: float = 0.0) -> li
 FENCING_COMMIT_ERRORS = ("UNKNOWN_MEMBER_ID", "FENCED_MEMBER_EPOCH")
 
 
-def _fenced_by_commit(inc: Incarnation, start: float, end: float) -> tuple[float, float] | None:
-    """(last proof of membership, the error) when a commit of ``inc`` failed with a fencing
-    error between ``start`` and ``end`` (the first such error), else None."""
-    error_at = next((ev["t"] for ev in inc.events if ev["ev"] == "commit_failed"
-                     and start <= ev["t"] <= end
-                     and any(code in str(ev.get("error")) for code in FENCING_COMMIT_ERRORS)),
-                    None)  # fmt: skip
-    if error_at is None:
-        return None
-    proofs = [ev["t"] for ev in inc.events if ev["t"] < error_at and (
-        ev["ev"] == "commit" or (ev["ev"] == "hb" and ev.get("err") == 0))]  # fmt: skip
-    return (max(proofs, default=start), error_at)
+def _fencing_commit_error(inc: Incarnation, start: float, end: float) -> float | None:
+    """When a commit of ``inc`` first failed with a fencing error between ``start`` and
+    ``end``, else None."""
+    return next((ev["t"] for ev in inc.events if ev["ev"] == "commit_failed"
+                 and start <= ev["t"] <= end
+                 and any(code in str(ev.get("error")) for code in FENCING_COMMIT_ERRORS)),
+                None)  # fmt: skip
+
+
+def _traced(inc: Incarnation) -> bool:
+    return any(ev["ev"] == "hb" for ev in inc.events)
+
+
+def _fencing_bound(
+    inc: Incarnation, start: float, before: float, session_s: float, interval_s: float
+) -> float | None:
+    """The earliest time the broker can have expired ``inc``'s session, from its proofs of
+    membership before ``before`` (module doc); None when a traced member has none.
+
+    A member without a heartbeat trace is taken to heartbeat every interval: its last
+    heartbeat was at most one interval before its latest successful commit (or its
+    ownership's start)."""
+    commits = [ev["t"] for ev in inc.events if ev["ev"] == "commit" and ev["t"] < before]
+    if not _traced(inc):
+        return max(commits, default=start) + session_s - interval_s
+    sent = [ev["sent"] for ev in inc.events if ev["ev"] == "hb" and ev.get("err") == 0
+            and ev.get("sent") is not None and ev["t"] < before]  # fmt: skip
+    return max([t + session_s for t in sent] + commits, default=None)
+
+
+_LIBRDKAFKA_HEARTBEAT = re.compile(
+    r"^%7\|(?P<t>\d+\.\d+)\|HEARTBEAT\|(?P<inc>[^|]+)#consumer-\d+\| .*ConsumerGroupHeartbeat "
+    r'(?:(?P<sent>of member id )|response received for member id "(?P<mid>[^"]*)" '
+    r"with epoch (?P<ep>-?\d+)\s*$)"
+)
+
+
+def librdkafka_heartbeats(lines: Iterable[str]) -> list[dict[str, Any]]:
+    """The heartbeat trace of confluent-kafka members from librdkafka's ``debug=cgrp`` lines
+    (its own timestamps; the member's ``client.id`` is its incarnation): one ``hb`` event per
+    heartbeat answered without error, when the answer arrived. librdkafka logs each heartbeat
+    request as it builds it and keeps one in flight (the answer to one it timed out is
+    dropped), so an answer is to the latest request logged before it (``sent``)."""
+    out: list[dict[str, Any]] = []
+    sent: dict[str, float] = {}
+    for line in lines:
+        m = _LIBRDKAFKA_HEARTBEAT.match(line)
+        if m is None:
+            continue
+        inc, t = m["inc"], float(m["t"])
+        if m["sent"] is not None:
+            sent[inc] = t
+            continue
+        out.append({"t": t, "ev": "hb", "inc": inc, "mid": m["mid"], "err": 0,
+                    "resp_ep": int(m["ep"]), "sent": sent.get(inc)})  # fmt: skip
+    return out
 
 
 def _commits(inc: Incarnation) -> dict[Partition, list[tuple[float, int]]]:
@@ -530,8 +600,7 @@ def analyze(
             )
             if (
                 covering is not None
-                and covering.end_kind
-                in ("kill", "lost", "fenced", "fenced_unreachable", "fenced_commit")
+                and covering.end_kind in ("kill", "lost", *FENCED_KINDS)
                 and not committed_past
             ):
                 explained += 1

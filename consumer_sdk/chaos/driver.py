@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from consumer_sdk.chaos.analysis import Summary, analyze, read_jsonl
+from consumer_sdk.chaos.analysis import Summary, analyze, read_jsonl, read_member_events
 
 log = logging.getLogger("consumer_sdk.chaos")
 
@@ -451,9 +451,7 @@ class Driver:
         self.event("done")
         self._log_file.flush()
 
-        member_events: list[dict[str, Any]] = []
-        for path in sorted((self.workdir / "members").glob("*.jsonl")):
-            member_events.extend(read_jsonl(path))
+        member_events = read_member_events(self.workdir / "members")
         summary = analyze(
             member_events,
             read_jsonl(self.workdir / "driver.jsonl"),

@@ -97,6 +97,10 @@ class ChaosMember:
         else:
             conf["group.protocol"] = "consumer"
             conf["enable.auto.offset.store"] = False
+            # librdkafka's heartbeat trace: its cgrp debug lines on stderr carry their own
+            # timestamps and this client.id (the incarnation); see analysis.librdkafka_heartbeats
+            conf["client.id"] = self.log.incarnation
+            conf["debug"] = "cgrp"
         return conf
 
     def _make_consumer(self) -> Any:

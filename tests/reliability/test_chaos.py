@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from consumer_sdk.chaos.analysis import analyze
+from consumer_sdk.chaos.analysis import analyze, librdkafka_heartbeats
 
 CI_DURATION_S = 60
 
@@ -414,3 +414,64 @@ def test_checker_takes_the_earlier_of_a_members_pause_and_its_coordinators_hang(
     summary = check(events, driver)
     assert summary.violations == {}, summary.examples
     assert summary.zombie_windows == 1
+
+
+def fenced_while_running(b_at: float, trace: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """a owns p0, commits at 1.5 and reports ``lost`` at 9.0 with no fault of its own or its
+    coordinator's node; b got p0 at ``b_at``."""
+    return [
+        ev(1.0, "assign", "a/1", parts=[0]),
+        *(ev(1.1 + i / 10, "rec", "a/1", p=0, o=i) for i in range(3)),
+        ev(1.5, "commit", "a/1", offsets={"0": 3}),
+        *trace,
+        ev(b_at, "assign", "b/2", parts=[0]),
+        ev(b_at + 0.1, "rec", "b/2", p=0, o=3),
+        ev(b_at + 0.2, "commit", "b/2", offsets={"0": 4}),
+        ev(9.0, "lost", "a/1", parts=[0]),
+    ]
+
+
+def test_checker_ends_ownership_of_a_member_fenced_while_running_at_its_last_heartbeat() -> None:
+    """a's last heartbeat answered without error was sent at 1.2 (its answer came only at
+    4.0: the broker restarts the session when it reads a heartbeat, not when it answers), so
+    the broker can have expired a from 7.2 on: b from 7.5 is a zombie window, b at 7.0 an
+    overlap. Without a heartbeat trace, a's reported ``lost`` stays its end: an overlap."""
+    trace = [ev(0.9, "hb", "a/1", err=0, sent=0.8), ev(4.0, "hb", "a/1", err=0, sent=1.2),
+             ev(4.5, "hb", "a/1", fail="KafkaTransportError: timed out", sent=4.1)]  # fmt: skip
+    summary = check(fenced_while_running(7.5, trace))
+    assert summary.violations == {}, summary.examples
+    assert summary.zombie_windows == 1 and abs(summary.zombie_max_s - 1.5) < 1e-6
+    assert "fenced_expired" in summary.examples["zombie windows"][0]
+    assert check(fenced_while_running(7.0, trace)).violations == {"overlaps": 1}
+    assert check(fenced_while_running(7.5, [])).violations == {"overlaps": 1}
+
+
+def test_checker_reads_librdkafkas_heartbeat_trace() -> None:
+    """librdkafka's ``debug=cgrp`` lines give a confluent-kafka member's trace: each answer is
+    to the latest request logged before it (one in flight); other lines and other
+    incarnations' lines are apart."""
+    head = "%7|{t}|HEARTBEAT|{inc}#consumer-1| [thrd:main]: "
+    sent = head + 'GroupCoordinator/3: ConsumerGroupHeartbeat of member id "m1", group id "g"\n'
+    answer = head + 'ConsumerGroupHeartbeat response received for member id "m1" with epoch {ep}\n'
+    lines = [
+        sent.format(t="100.100", inc="ck1/7"),
+        answer.format(t="100.250", inc="ck1/7", ep=1),
+        '%7|100.300|CGRPOP|ck1/7#consumer-1| [thrd:main]: Group "g" received op ...\n',
+        answer.format(t="100.400", inc="ck1/8", ep=3),
+        sent.format(t="100.600", inc="ck1/7"),
+        "%5|101.600|REQTMOUT|ck1/7#consumer-1| [thrd:GroupCoordinator]: Timed out ...\n",
+        sent.format(t="101.700", inc="ck1/7"),
+        answer.format(t="102.750", inc="ck1/7", ep=2),
+    ]
+    trace = librdkafka_heartbeats(lines)
+    assert [(e["inc"], e["t"], e["sent"], e["resp_ep"]) for e in trace] == [
+        ("ck1/7", 100.25, 100.1, 1), ("ck1/8", 100.4, None, 3), ("ck1/7", 102.75, 101.7, 2)
+    ]  # fmt: skip
+    assert all(e["ev"] == "hb" and e["err"] == 0 for e in trace)
+    # with a trace, a confluent-kafka member fenced while running ends at its last heartbeat
+    ck = librdkafka_heartbeats(
+        [sent.format(t="0.8", inc="a/1"), answer.format(t="0.9", inc="a/1", ep=1),
+         sent.format(t="1.2", inc="a/1"), answer.format(t="4.0", inc="a/1", ep=1)]
+    )  # fmt: skip
+    assert check(fenced_while_running(7.5, ck)).violations == {}
+    assert check(fenced_while_running(7.0, ck)).violations == {"overlaps": 1}
