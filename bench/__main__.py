@@ -74,18 +74,49 @@ def _run_real(args: argparse.Namespace) -> int:
     data["real_vs_mock"] = out
     json_path.write_text(json.dumps(data, indent=1, default=str))
 
+    section = _render_real(out, args.quick, wall, load)
     mc, rc = out["mock_convergence"], out["real_convergence"]
     mt, rt = out["mock_throughput"], out["real_throughput"]
 
-    def spread(values: list[float]) -> str:
-        return f"{min(values):.2f} to {max(values):.2f}"
+    text = args.out.read_text(encoding="utf-8") if args.out.exists() else "# Benchmarks\n"
+    args.out.write_text(_with_real_section(text, section), encoding="utf-8")
+    for name in convergence.SCENARIOS:
+        m, r = mc["scenarios"][name], rc["scenarios"][name]
+        print(f"{name:<10} mock {m['ratio']:.2f} (medians {m['ratio_of_medians']:.2f})  "
+              f"real {r['ratio']:.2f} (medians {r['ratio_of_medians']:.2f}; "
+              f"{_spread(r['ratios'])})")  # fmt: skip
+    for mode in ("poll", "consume"):
+        print(f"{mode:<10} mock {mt[mode]['ratio']:.2f} ({_spread(mt[mode]['ratios'])})  "
+              f"real {rt[mode]['ratio']:.2f} ({_spread(rt[mode]['ratios'])})  per CPU second: "
+              f"mock {mt[mode]['cpu_ratio']:.2f} real {rt[mode]['cpu_ratio']:.2f} "
+              f"({_spread(rt[mode]['cpu_ratios'])})")  # fmt: skip
+    print(f"updated {args.out} in {wall / 60:.1f} min")
+    return 0
+
+
+def _spread(values: list[float]) -> str:
+    """Lowest to highest of the pairs' own ratios."""
+    return f"{min(values):.2f} to {max(values):.2f}"
+
+
+def _render_real(
+    out: dict[str, Any], quick: bool, wall: float, load: tuple[float, float, float]
+) -> str:
+    """The real-vs-mock section of docs/benchmarks.md from one run's results."""
+    from bench import convergence
+
+    version = out["kafka_version"]
+    repeats = out["real_convergence"]["repeats"]
+    pairs = out["real_throughput"]["pairs"]
+    mc, rc = out["mock_convergence"], out["real_convergence"]
+    mt, rt = out["mock_throughput"], out["real_throughput"]
 
     lines = [
         REAL_BEGIN,
         "",
         "## Real Apache Kafka and the mock, side by side",
         "",
-        f"`python -m bench --broker real{' --quick' if args.quick else ''}`, run "
+        f"`python -m bench --broker real{' --quick' if quick else ''}`, run "
         f"{datetime.date.today().isoformat()} on {_machine()}; {_versions()}; Apache Kafka "
         f"{version} (3 nodes, KRaft, `consumer_sdk.testing.KafkaCluster`). Whole run: "
         f"{wall / 60:.1f} min; load average at the end {load[0]:.1f} / {load[1]:.1f} / "
@@ -112,9 +143,9 @@ def _run_real(args: argparse.Namespace) -> int:
     for name in convergence.SCENARIOS:
         m, r = mc["scenarios"][name], rc["scenarios"][name]
         lines.append(f"| {name} | {m['sdk_s']:.3f} s | {m['confluent_s']:.3f} s | "
-                     f"{m['ratio']:.2f} ({m['ratio_of_medians']:.2f}; {spread(m['ratios'])}) | "
+                     f"{m['ratio']:.2f} ({m['ratio_of_medians']:.2f}; {_spread(m['ratios'])}) | "
                      f"{r['sdk_s']:.3f} s | {r['confluent_s']:.3f} s | **{r['ratio']:.2f}** "
-                     f"({r['ratio_of_medians']:.2f}; {spread(r['ratios'])}) |")  # fmt: skip
+                     f"({r['ratio_of_medians']:.2f}; {_spread(r['ratios'])}) |")  # fmt: skip
     config = ", ".join(f"`{k}={v}`" for k, v in rt["config"].items())
     lines += [
         "",
@@ -131,12 +162,19 @@ def _run_real(args: argparse.Namespace) -> int:
         "| real ratio (spread) |",
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
-    for mode in ("poll", "consume"):
-        m, r = mt[mode], rt[mode]
-        lines.append(f"| `{mode}` | {m['sdk_per_s']:,.0f}/s | {m['raw_per_s']:,.0f}/s | "
-                     f"{m['ratio']:.2f} ({spread(m['ratios'])}) | {r['sdk_per_s']:,.0f}/s | "
-                     f"{r['raw_per_s']:,.0f}/s | **{r['ratio']:.2f}** "
-                     f"({spread(r['ratios'])}) |")  # fmt: skip
+
+    def throughput_rows(per: str, ratio: str, unit: str) -> list[str]:
+        """One row per API: mock and real rates (``sdk_<per>``, ``raw_<per>``) and ratios."""
+        rows = []
+        for mode in ("poll", "consume"):
+            cells = [f"`{mode}`"]
+            for row, b in ((mt[mode], ""), (rt[mode], "**")):  # the real ratio in bold
+                cells += [f"{row['sdk_' + per]:,.0f}{unit}", f"{row['raw_' + per]:,.0f}{unit}",
+                          f"{b}{row[ratio]:.2f}{b} ({_spread(row[ratio + 's'])})"]  # fmt: skip
+            rows.append("| " + " | ".join(cells) + " |")
+        return rows
+
+    lines += throughput_rows("per_s", "ratio", "/s")
     lines += [
         "",
         "The same runs per CPU second of the consuming process (all its threads: librdkafka's, "
@@ -147,12 +185,7 @@ def _run_real(args: argparse.Namespace) -> int:
         "| real ratio (spread) |",
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
-    for mode in ("poll", "consume"):
-        m, r = mt[mode], rt[mode]
-        lines.append(f"| `{mode}` | {m['sdk_per_cpu_s']:,.0f} | {m['raw_per_cpu_s']:,.0f} | "
-                     f"{m['cpu_ratio']:.2f} ({spread(m['cpu_ratios'])}) | "
-                     f"{r['sdk_per_cpu_s']:,.0f} | {r['raw_per_cpu_s']:,.0f} | "
-                     f"**{r['cpu_ratio']:.2f}** ({spread(r['cpu_ratios'])}) |")  # fmt: skip
+    lines += throughput_rows("per_cpu_s", "cpu_ratio", "")
     missed = [f"{name} {r:.2f} ({r - 1.0:.2f} over 1.0)" for name in convergence.SCENARIOS
               if (r := rc["scenarios"][name]["ratio"]) > 1.0]  # fmt: skip
     missed += [f"{name} by medians {r:.2f} ({r - 1.0:.2f} over 1.0)"
@@ -202,21 +235,7 @@ def _run_real(args: argparse.Namespace) -> int:
             raw = ", ".join(f"{v / 1000:,.0f}k" for v in row["raw_all"])
             lines.append(f"- {label} `{mode}` records/s: sdk [{sdk}], raw [{raw}]")
     lines += ["", REAL_END]
-    section = "\n".join(lines)
-    text = args.out.read_text(encoding="utf-8") if args.out.exists() else "# Benchmarks\n"
-    args.out.write_text(_with_real_section(text, section), encoding="utf-8")
-    for name in convergence.SCENARIOS:
-        m, r = mc["scenarios"][name], rc["scenarios"][name]
-        print(f"{name:<10} mock {m['ratio']:.2f} (medians {m['ratio_of_medians']:.2f})  "
-              f"real {r['ratio']:.2f} (medians {r['ratio_of_medians']:.2f}; "
-              f"{spread(r['ratios'])})")  # fmt: skip
-    for mode in ("poll", "consume"):
-        print(f"{mode:<10} mock {mt[mode]['ratio']:.2f} ({spread(mt[mode]['ratios'])})  "
-              f"real {rt[mode]['ratio']:.2f} ({spread(rt[mode]['ratios'])})  per CPU second: "
-              f"mock {mt[mode]['cpu_ratio']:.2f} real {rt[mode]['cpu_ratio']:.2f} "
-              f"({spread(rt[mode]['cpu_ratios'])})")  # fmt: skip
-    print(f"updated {args.out} in {wall / 60:.1f} min")
-    return 0
+    return "\n".join(lines)
 
 
 def _versions() -> str:
@@ -471,6 +490,7 @@ def main(argv: list[str] | None = None) -> int:
         lines.append(f"| {row.get('runtime')} | {row['members']} | {row['stable']} | "
                      f"{row['heartbeats_per_s']:.0f} | {row['cpu_core_fraction'] * 100:.1f}% | "
                      f"{row['cpu_us_per_heartbeat']:.0f} µs |")  # fmt: skip
+
     def hb_row(runtime: str, members: int) -> dict[str, Any] | None:
         found = [r for r in hb["rows"] if r.get("runtime") == runtime
                  and r["members"] == members]  # fmt: skip
