@@ -48,14 +48,14 @@ from consumer_sdk.membership import (
     Subscribe,
     Unsubscribe,
 )
-from consumer_sdk.membership.requests import CommitKind, CommitResult, OffsetLike
-from consumer_sdk.runtime.member_network import MemberNetwork
-from consumer_sdk.runtime.offsets import (
+from consumer_sdk.membership.requests import (
     COMMIT_RETRIABLE,
-    CommitFailedError,
-    OffsetAndMetadata,
-    committed_offsets,
+    CommitKind,
+    CommitResult,
+    OffsetLike,
 )
+from consumer_sdk.runtime.member_network import MemberNetwork
+from consumer_sdk.runtime.offsets import CommitFailedError, OffsetAndMetadata, committed_offsets
 
 __all__ = ["GroupMember", "RebalanceCallback"]
 

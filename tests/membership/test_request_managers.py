@@ -231,10 +231,3 @@ def test_non_retriable_failure_ends_sync_commit_at_once() -> None:
     cm.on_response(1, a, results(E.UNKNOWN_MEMBER_ID, ("t", 0)))
     (done,) = cm.drain_completed()
     assert done.error_code == E.UNKNOWN_MEMBER_ID and "UNKNOWN_MEMBER_ID" in done.error_message
-
-
-def test_commit_retriable_codes_match_the_runtime_policy() -> None:
-    from consumer_sdk.membership.requests import COMMIT_RETRIABLE
-    from consumer_sdk.runtime.offsets import COMMIT_RETRIABLE as RUNTIME_COMMIT_RETRIABLE
-
-    assert COMMIT_RETRIABLE == RUNTIME_COMMIT_RETRIABLE

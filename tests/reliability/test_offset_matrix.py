@@ -113,11 +113,12 @@ def test_offset_fetch_error_on_assignment(
     kafka.produce("of", [b"new"], partition=0)
     group = f"of-{code}"
     # Commit offset 10 for partition 0 as a standalone (not yet member) group.
+    from consumer_sdk.domain import OffsetCommitPartition, OffsetCommitRequest
     from consumer_sdk.protocol.client import ClusterClient
-    from consumer_sdk.runtime.offsets import OffsetAndMetadata, OffsetManager
 
     with ClusterClient({"bootstrap.servers": kafka.bootstrap_servers}) as client:
-        OffsetManager(client, group, None).commit({("of", 0): OffsetAndMetadata(10)}, "", -1, 5)
+        request = OffsetCommitRequest(group, "", -1, (OffsetCommitPartition("of", 0, 10),))
+        assert [r.error_code for r in client.offset_commit(request, 5)] == [0]
     consumer = Consumer(config(kafka, group, enable_auto_commit=False))
     app = App(consumer)
     try:

@@ -14,6 +14,7 @@ import pytest
 
 from consumer_sdk import GroupMember, KafkaError, KafkaException, TopicPartition
 from consumer_sdk.config import ConsumerConfig
+from consumer_sdk.domain import OffsetFetchRequest
 from consumer_sdk.membership import (
     CallbackCompleted,
     CallbackKind,
@@ -30,7 +31,7 @@ from consumer_sdk.membership.requests import CommitKind
 from consumer_sdk.protocol.client import ClusterClient
 from consumer_sdk.runtime.member_network import MemberNetwork
 from consumer_sdk.runtime.netloop import NetworkLoop
-from consumer_sdk.runtime.offsets import OffsetAndMetadata, OffsetManager
+from consumer_sdk.runtime.offsets import OffsetAndMetadata, committed_offsets
 from consumer_sdk.testing import EmbeddedKafka, wait_until
 
 Partition = tuple[str, int]
@@ -194,8 +195,8 @@ def test_commits_sync_and_async_land_on_the_coordinator(kafka: EmbeddedKafka) ->
             r.commit_id == commit_id for r in results), "async commit done")  # fmt: skip
         assert all(r.ok for r in results)
         with ClusterClient({"bootstrap.servers": kafka.bootstrap_servers}) as client:
-            found = OffsetManager(client, "nl-commit", None).fetch(
-                [("nl-commit", 0), ("nl-commit", 1)], None, -1, 10.0)  # fmt: skip
+            found = committed_offsets(client.offset_fetch(OffsetFetchRequest(
+                "nl-commit", (("nl-commit", 0), ("nl-commit", 1))), 10.0))  # fmt: skip
         assert {p: o.offset if o else None for p, o in found.items()} == {
             ("nl-commit", 0): 7, ("nl-commit", 1): 3}  # fmt: skip
         # Never backwards through this member: a lower offset is skipped, not sent.
