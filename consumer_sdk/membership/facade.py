@@ -239,8 +239,10 @@ class GroupMembership:
         """The host's current topic id -> name view (all known topics)."""
         self._manager.on_metadata(now_ms, topic_names_by_id)
 
-    def on_coordinator_known(self, now_ms: int) -> None:
-        self._heartbeat.on_coordinator_known(now_ms)
+    def on_coordinator_known(self, now_ms: int, changed: bool = False) -> None:
+        """The host found the group coordinator; ``changed``: it is another node than the
+        one last heartbeated to (the next heartbeat goes at once)."""
+        self._heartbeat.on_coordinator_known(now_ms, changed)
 
     def on_coordinator_unknown(self, now_ms: int) -> None:
         self._heartbeat.on_coordinator_unknown(now_ms)

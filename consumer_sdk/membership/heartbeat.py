@@ -146,6 +146,12 @@ class HeartbeatTiming:
         self._last_failed = True
         self._timer_deadline_ms = None
 
+    def expedite(self) -> None:
+        """The next heartbeat may go right away (no interval, no backoff left); unlike
+        `reset`, failures keep counting, so one more failure backs off further."""
+        self._backoff_ms = 0
+        self._timer_deadline_ms = None
+
     def reset(self) -> None:
         """Skip the backoff and the interval: the next heartbeat may go right away."""
         self._last_received_ms = None
@@ -239,8 +245,17 @@ class HeartbeatRequestManager:
     # Coordinator and poll timer
     # ------------------------------------------------------------------------------------------
 
-    def on_coordinator_known(self, now_ms: int) -> None:
+    def on_coordinator_known(self, now_ms: int, changed: bool = False) -> None:
+        """The host found the coordinator. ``changed``: another node than the one the member
+        last heartbeated to. The next heartbeat then goes at once, without waiting for the
+        interval or the backoff left from failures at the previous node (as librdkafka
+        expedites it on a coordinator change): the backoff protects a coordinator that keeps
+        failing, and this one has not been tried yet. Failures keep counting, so one at the
+        new node backs off further."""
         self._coordinator_known = True
+        if changed and self._m.state not in NOT_IN_GROUP:
+            self._m.log.debug("Coordinator changed: the next heartbeat goes at once")
+            self._timing.expedite()
 
     def on_coordinator_unknown(self, now_ms: int) -> None:
         self._coordinator_known = False

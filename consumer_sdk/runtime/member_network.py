@@ -259,6 +259,8 @@ class MemberNetwork:
         self.heartbeat_trace: HeartbeatTrace | None = None
         # The coordinator socket the last heartbeat was answered on (see _run_locked).
         self._hb_conn: tuple[int, int] | None = None
+        # The coordinator the last heartbeat went to (see _coordinator_found).
+        self._hb_target: tuple[int, str, int] | None = None
         self.lock = self._lock = threading.RLock()  # the core and the managers
         self._events = threading.Condition(threading.Lock())
         self._results: list[CommitResult] = []
@@ -514,7 +516,7 @@ class MemberNetwork:
                 shared.waiters.setdefault(self.config.group_id, []).append(self.wake)
                 waiting = True  # another member's lookup answers for this one too
         if coord.coordinator is not None and not core.coordinator_known:
-            core.on_coordinator_known(now)
+            self._coordinator_found(now)
         find = coord.poll(now, needed and not waiting)
         if find is not None:
             self._shared_coordinators().in_flight.add(find.group_id)
@@ -565,6 +567,14 @@ class MemberNetwork:
         for f in self._fetches:
             wait = min(wait, max(int((f.deadline - time.monotonic()) * 1000), 0))
         return min(wait, self.commits.time_until_next_poll(now, known, _IDLE_MS))
+
+    def _coordinator_found(self, now: int) -> None:
+        """Tell the core; a coordinator other than the one the last heartbeat went to gets
+        the next heartbeat at once (see `HeartbeatRequestManager.on_coordinator_known`)."""
+        found = self.coordinator.coordinator
+        assert found is not None
+        target = (found.node_id, found.host, found.port)
+        self.core.on_coordinator_known(now, self._hb_target not in (None, target))
 
     def _coordinator_conn_key(self) -> tuple[int, int] | None:
         """Which socket the coordinator connection is on (None: none established)."""
@@ -717,6 +727,9 @@ class MemberNetwork:
 
     def _send_heartbeat(self, request: HeartbeatRequest) -> None:
         call = HeartbeatCall(request, _ENCODER, self._client_id)
+        target = self.coordinator.coordinator
+        if target is not None:
+            self._hb_target = (target.node_id, target.host, target.port)
         trace = self.heartbeat_trace
         if trace is None:
             self._send_coordinator(
@@ -825,7 +838,7 @@ class MemberNetwork:
                 assert result is not None
                 report = self.coordinator.on_response(now, result)
                 if result.error_code == 0:
-                    self.core.on_coordinator_known(now)
+                    self._coordinator_found(now)
                 elif self.coordinator.failures == _UNREACHABLE_AFTER:
                     detail = self._coordinator_detail()
                     unreachable = KafkaError(result.error_code, "group coordinator "

@@ -246,6 +246,78 @@ def test_repeated_coordinator_errors_back_off_exponentially(code: ErrorCode) -> 
     assert d.core.time_until_next_poll(d.now) == 0
 
 
+@pytest.mark.parametrize(
+    "failure",
+    [ErrorCode.NOT_COORDINATOR, FailureKind.DISCONNECTED, FailureKind.TIMEOUT],
+)
+def test_a_changed_coordinator_gets_the_next_heartbeat_at_once(
+    failure: ErrorCode | FailureKind,
+) -> None:
+    """Backed off after failures at one node, the member finds the coordinator on another
+    (a killed broker: FindCoordinator names the dead node until its partitions move). The
+    backoff protected the failing node; the new one gets the heartbeat right away, as
+    librdkafka expedites it on a coordinator change. One more failure there backs off
+    further than before: the episode's failures keep counting."""
+    d = stable(retry_backoff_jitter=0.0)
+    d.advance(INTERVAL)
+    d.must_hb()
+    delays = []
+    for _ in range(3):
+        if isinstance(failure, ErrorCode):
+            d.respond(err(failure))
+        else:
+            d.fail(failure)
+        if not d.core.coordinator_known:
+            d.core.on_coordinator_known(d.now)  # the same node again
+        delays.append(d.core.time_until_next_poll(d.now))
+        d.advance(delays[-1])
+        d.must_hb()
+    if isinstance(failure, ErrorCode):
+        d.respond(err(failure))
+    else:
+        d.fail(failure)
+    d.core.on_coordinator_unknown(d.now)
+    d.advance(10)
+    d.core.on_coordinator_known(d.now, changed=True)
+    assert d.core.time_until_next_poll(d.now) == 0
+    d.must_hb()
+    d.fail(FailureKind.DISCONNECTED)
+    d.core.on_coordinator_known(d.now)
+    first_immediate = failure is not FailureKind.TIMEOUT
+    assert delays == ([0, 100, 200] if first_immediate else [100, 200, 400])
+    assert d.core.time_until_next_poll(d.now) == (800 if first_immediate else 1000)
+
+
+def test_a_changed_coordinator_expedites_a_stable_members_heartbeat() -> None:
+    """The coordinator moved and the host learned it from another request (an OffsetCommit
+    answered NOT_COORDINATOR): the member heartbeats to the new node at once instead of at
+    the end of the interval. Finding the same node again changes nothing."""
+    d = stable()
+    d.advance(INTERVAL)
+    d.must_hb()
+    d.respond(ok(1))
+    d.advance(100)
+    d.core.on_coordinator_unknown(d.now)
+    d.core.on_coordinator_known(d.now)
+    assert d.core.time_until_next_poll(d.now) == INTERVAL - 100
+    d.core.on_coordinator_unknown(d.now)
+    d.core.on_coordinator_known(d.now, changed=True)
+    assert d.core.time_until_next_poll(d.now) == 0
+    assert d.must_hb().member_epoch == 1
+    d.respond(ok(1))
+    assert d.hb() is None  # then the interval again
+    assert d.core.time_until_next_poll(d.now) == INTERVAL
+
+
+def test_a_changed_coordinator_does_not_wake_a_member_out_of_the_group() -> None:
+    d = Driver()
+    d.core.on_coordinator_known(d.now, changed=True)
+    assert d.hb() is None
+    d.subscribe("t1")
+    d.app_poll()
+    assert d.must_hb().member_epoch == 0
+
+
 def test_disconnect_marks_coordinator_unknown_timeout_does_not() -> None:
     d = stable()
     d.advance(INTERVAL)

@@ -156,6 +156,43 @@ def test_coordinator_moved_keeps_the_assignment(embedded_kafka: EmbeddedKafka) -
         embedded_kafka.set_group_coordinator(group, 1)
 
 
+def test_a_coordinator_change_found_by_a_commit_expedites_the_heartbeat(
+    embedded_kafka_factory: Any,
+) -> None:
+    """The coordinator moves; a commit meets NOT_COORDINATOR and finds the new node: the
+    member heartbeats there at once (as librdkafka does on a coordinator change), not a whole
+    interval (6 s here) after its last heartbeat."""
+    interval_ms = 6000
+    kafka: EmbeddedKafka = embedded_kafka_factory(
+        brokers=3, heartbeat_interval_ms=interval_ms, session_timeout_ms=30_000
+    )
+    topic, group = "rt-expedite", "rt-expedite-g"
+    kafka.create_topic(topic, partitions=2)
+    kafka.set_group_coordinator(group, 1)
+    member = Member("m", config(kafka, group), [topic], Timeline())
+    try:
+        wait_for(lambda: len(member.owned) == 2 and member.consumer.state is MemberState.STABLE,
+                 what="initial assignment")  # fmt: skip
+        kafka.clear_requests()
+        wait_for(lambda: any(r.broker_id == 1 for r in kafka.requests(68)),
+                 what="a regular heartbeat at the first coordinator", timeout=30)  # fmt: skip
+        last = max(r.timestamp_us for r in kafka.requests(68) if r.broker_id == 1)
+        kafka.set_group_coordinator(group, 2)
+        # The mock's OffsetCommit takes any broker: the old coordinator's answer is injected.
+        kafka.push_request_errors(8, [16])  # NOT_COORDINATOR
+        member.consumer.commit(offsets=[TopicPartition(topic, 0, 0)], asynchronous=False)
+        wait_for(lambda: any(r.broker_id == 2 for r in kafka.requests(68)),
+                 what="a heartbeat at the new coordinator", timeout=30)  # fmt: skip
+        moved = min(r.timestamp_us for r in kafka.requests(68) if r.broker_id == 2)
+        commits = [r for r in kafka.requests(8) if r.broker_id == 1]
+        assert commits, "the commit went to the old coordinator first"
+        # Without the expedite the heartbeat waits for the interval: moved - last >= 6 s.
+        assert (moved - last) / 1000 < interval_ms / 2, (moved - last) / 1000
+        assert member.lost_count == 0 and len(member.owned) == 2
+    finally:
+        member.stop()
+
+
 @pytest.mark.parametrize(("down_s", "expect_lost"), [(2.0, False), (8.0, True)])
 def test_coordinator_down_shorter_and_longer_than_the_session(
     embedded_kafka_factory: Any, down_s: float, expect_lost: bool
