@@ -22,11 +22,14 @@ A member can also learn that it was fenced only from a commit the broker rejects
 UNKNOWN_MEMBER_ID or FENCED_MEMBER_EPOCH (e.g. in the ``on_revoke`` of its close, when a
 heartbeat to a stalled coordinator never came back), or be fenced while it ran, with no fault
 of its own or its coordinator's node (a heartbeat stalled behind a killed replica) and report
-``lost``. Its ownership then ends (``fenced_commit``, ``fenced_expired``) when the broker can
-first have expired its session (`_fencing_bound`): one session after the latest heartbeat
-answered without error was sent (the broker restarts the session when it reads a heartbeat),
-and no earlier than its latest successful commit. Every member traces its heartbeats: the SDK
-through ``heartbeat_trace``, confluent-kafka through librdkafka's debug lines on its stderr
+``lost`` (librdkafka times a heartbeat out after one interval and drops its answer, which
+may have carried a new epoch; the next heartbeat is then fenced). Its ownership then ends
+(``fenced_commit``, ``fenced_running``) when the broker can first have fenced it
+(`_fencing_bound`): one session after the latest heartbeat answered without error was sent
+(the broker restarts the session when it reads a heartbeat), or, when a later heartbeat was
+answered with a fencing error, when the first heartbeat after that one was sent; never before
+its latest successful commit was sent. Every member traces its heartbeats: the SDK through
+``heartbeat_trace``, confluent-kafka through librdkafka's debug lines on its stderr
 (`librdkafka_heartbeats`). A next owner assigned after that bound is a zombie window; one
 assigned before stays an overlap. A ``lost`` of a member without a trace stays where it was
 reported.
@@ -64,7 +67,7 @@ ACTION_EVENTS = ("kill", "stop", "restart", "coordinator", "broker_down", "node_
 #: real-cluster driver events that cut members off from the coordinator (when they name it)
 CUT_OFF_EVENTS = ("coordinator", "node_kill", "node_pause")
 #: ownerships that ended because the broker fenced the member (module doc)
-FENCED_KINDS = ("fenced", "fenced_unreachable", "fenced_commit", "fenced_expired")
+FENCED_KINDS = ("fenced", "fenced_unreachable", "fenced_commit", "fenced_running")
 
 
 @dataclass
@@ -266,7 +269,7 @@ def intervals(inc: Incarnation, session_s: float, interval_s: float = 0.0) -> li
             elif _traced(inc):
                 bound = _fencing_bound(inc, start, t, session_s, interval_s)
                 if bound is not None and bound < t:
-                    kind, t = "fenced_expired", max(start, bound)
+                    kind, t = "fenced_running", max(start, bound)
         elif kind == "revoke":
             error_at = _fencing_commit_error(inc, start, t)
             if error_at is not None:
@@ -319,36 +322,60 @@ def _traced(inc: Incarnation) -> bool:
     return any(ev["ev"] == "hb" for ev in inc.events)
 
 
+#: heartbeat errors with which the broker tells a member it fenced it
+FENCING_HEARTBEAT_ERRORS = (25, 110)  # UNKNOWN_MEMBER_ID, FENCED_MEMBER_EPOCH
+
+
 def _fencing_bound(
     inc: Incarnation, start: float, before: float, session_s: float, interval_s: float
 ) -> float | None:
-    """The earliest time the broker can have expired ``inc``'s session, from its proofs of
-    membership before ``before`` (module doc); None when a traced member has none.
+    """The earliest time the broker can have fenced ``inc``, from its proofs of membership
+    before ``before`` (module doc); None when a traced member has none.
 
-    A member without a heartbeat trace is taken to heartbeat every interval: its last
-    heartbeat was at most one interval before its latest successful commit (or its
-    ownership's start)."""
-    commits = [ev["t"] for ev in inc.events if ev["ev"] == "commit" and ev["t"] < before]
+    A traced member: the broker read its last heartbeat answered without error no earlier
+    than it was sent, and then fences it either when its session expires (one session
+    later) or, when a heartbeat was answered with a fencing error, when it reads a heartbeat
+    it no longer accepts (no earlier than the next heartbeat sent, answered or not: librdkafka
+    drops the answer to a heartbeat it timed out, which may have carried a new epoch). A
+    successful commit shows the member was in the group when it was sent. A member without a
+    heartbeat trace is taken to heartbeat every interval: its last heartbeat was at most one
+    interval before its latest successful commit (or its ownership's start)."""
+    commits: list[float] = [ev.get("sent", ev["t"]) for ev in inc.events
+                            if ev["ev"] == "commit" and ev["t"] < before]  # fmt: skip
     if not _traced(inc):
         return max(commits, default=start) + session_s - interval_s
-    sent = [ev["sent"] for ev in inc.events if ev["ev"] == "hb" and ev.get("err") == 0
-            and ev.get("sent") is not None and ev["t"] < before]  # fmt: skip
-    return max([t + session_s for t in sent] + commits, default=None)
+    beats = [ev for ev in inc.events if ev["ev"] in ("hb", "hb_sent") and ev["t"] <= before]
+    answered = [ev["sent"] for ev in beats if ev["ev"] == "hb" and ev.get("err") == 0
+                and ev.get("sent") is not None]  # fmt: skip
+    if not answered:
+        return max(commits, default=None)
+    last_ok: float = max(answered)
+    bound = last_ok + session_s
+    later = [ev for ev in beats if (ev.get("sent") or 0.0) > last_ok]
+    if any(ev["ev"] == "hb" and ev.get("err") in FENCING_HEARTBEAT_ERRORS for ev in later):
+        bound = min([bound, *(ev["sent"] for ev in later)])
+    return max([bound, *commits])
 
 
 _LIBRDKAFKA_HEARTBEAT = re.compile(
     r"^%7\|(?P<t>\d+\.\d+)\|HEARTBEAT\|(?P<inc>[^|]+)#consumer-\d+\| .*ConsumerGroupHeartbeat "
     r'(?:(?P<sent>of member id )|response received for member id "(?P<mid>[^"]*)" '
-    r"with epoch (?P<ep>-?\d+)\s*$)"
+    r"with epoch (?P<ep>-?\d+)\s*$|failed due to: (?P<error>.*): will rejoin the group\s*$)"
 )
+#: librdkafka's texts of the fencing heartbeat errors
+_LIBRDKAFKA_FENCING = {
+    "Broker: Unknown member": 25,
+    "Broker: The member epoch is fenced by the group coordinator": 110,
+}
 
 
 def librdkafka_heartbeats(lines: Iterable[str]) -> list[dict[str, Any]]:
-    """The heartbeat trace of confluent-kafka members from librdkafka's ``debug=cgrp`` lines
-    (its own timestamps; the member's ``client.id`` is its incarnation): one ``hb`` event per
-    heartbeat answered without error, when the answer arrived. librdkafka logs each heartbeat
-    request as it builds it and keeps one in flight (the answer to one it timed out is
-    dropped), so an answer is to the latest request logged before it (``sent``)."""
+    """The heartbeat trace of confluent-kafka members from librdkafka's ``debug=cgrp,consumer``
+    lines (its own timestamps; the member's ``client.id`` is its incarnation): an ``hb_sent``
+    event per heartbeat request as librdkafka builds it, an ``hb`` event per answer read
+    (``err`` 0, or the fencing error it rejoins on). librdkafka keeps one heartbeat in flight
+    (the answer to one it timed out is dropped), so an answer is to the latest request logged
+    before it (``sent``)."""
     out: list[dict[str, Any]] = []
     sent: dict[str, float] = {}
     for line in lines:
@@ -358,9 +385,13 @@ def librdkafka_heartbeats(lines: Iterable[str]) -> list[dict[str, Any]]:
         inc, t = m["inc"], float(m["t"])
         if m["sent"] is not None:
             sent[inc] = t
-            continue
-        out.append({"t": t, "ev": "hb", "inc": inc, "mid": m["mid"], "err": 0,
-                    "resp_ep": int(m["ep"]), "sent": sent.get(inc)})  # fmt: skip
+            out.append({"t": t, "ev": "hb_sent", "inc": inc, "sent": t})
+        elif m["error"] is not None:
+            out.append({"t": t, "ev": "hb", "inc": inc, "sent": sent.get(inc),
+                        "err": _LIBRDKAFKA_FENCING.get(m["error"], -1)})  # fmt: skip
+        else:
+            out.append({"t": t, "ev": "hb", "inc": inc, "mid": m["mid"], "err": 0,
+                        "resp_ep": int(m["ep"]), "sent": sent.get(inc)})  # fmt: skip
     return out
 
 

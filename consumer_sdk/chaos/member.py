@@ -97,10 +97,10 @@ class ChaosMember:
         else:
             conf["group.protocol"] = "consumer"
             conf["enable.auto.offset.store"] = False
-            # librdkafka's heartbeat trace: its cgrp debug lines on stderr carry their own
+            # librdkafka's heartbeat trace: its cgrp/consumer debug lines on stderr carry their own
             # timestamps and this client.id (the incarnation); see analysis.librdkafka_heartbeats
             conf["client.id"] = self.log.incarnation
-            conf["debug"] = "cgrp"
+            conf["debug"] = "cgrp,consumer"
         return conf
 
     def _make_consumer(self) -> Any:
@@ -181,12 +181,13 @@ class ChaosMember:
 
         self._last_commit = time.monotonic()
         tps = [TopicPartition(self.topic, p, o) for p, o in sorted(offsets.items())]
+        sent = time.time()
         try:
             self.consumer.commit(offsets=tps, asynchronous=False)
         except KafkaException as exc:
             self.log.write("commit_failed", flush=True, offsets=offsets, error=str(exc))
             return False
-        self.log.write("commit", flush=True, offsets=offsets)
+        self.log.write("commit", flush=True, offsets=offsets, sent=sent)
         for p, o in offsets.items():
             if self.pending.get(p) == o:
                 del self.pending[p]

@@ -441,37 +441,60 @@ def test_checker_ends_ownership_of_a_member_fenced_while_running_at_its_last_hea
     summary = check(fenced_while_running(7.5, trace))
     assert summary.violations == {}, summary.examples
     assert summary.zombie_windows == 1 and abs(summary.zombie_max_s - 1.5) < 1e-6
-    assert "fenced_expired" in summary.examples["zombie windows"][0]
+    assert "fenced_running" in summary.examples["zombie windows"][0]
     assert check(fenced_while_running(7.0, trace)).violations == {"overlaps": 1}
     assert check(fenced_while_running(7.5, [])).violations == {"overlaps": 1}
 
 
+HEAD = "%7|{t}|HEARTBEAT|{inc}#consumer-1| [thrd:main]: "
+SENT = HEAD + 'GroupCoordinator/3: ConsumerGroupHeartbeat of member id "m1", group id "g"\n'
+ANSWER = HEAD + 'ConsumerGroupHeartbeat response received for member id "m1" with epoch {ep}\n'
+FENCED = (HEAD + "ConsumerGroupHeartbeat failed due to: Broker: The member epoch is fenced by "
+          "the group coordinator: will rejoin the group\n")  # fmt: skip
+
+
 def test_checker_reads_librdkafkas_heartbeat_trace() -> None:
-    """librdkafka's ``debug=cgrp`` lines give a confluent-kafka member's trace: each answer is
-    to the latest request logged before it (one in flight); other lines and other
+    """librdkafka's ``debug=cgrp,consumer`` lines give a confluent-kafka member's trace: each
+    answer is to the latest request logged before it (one in flight); other lines and other
     incarnations' lines are apart."""
-    head = "%7|{t}|HEARTBEAT|{inc}#consumer-1| [thrd:main]: "
-    sent = head + 'GroupCoordinator/3: ConsumerGroupHeartbeat of member id "m1", group id "g"\n'
-    answer = head + 'ConsumerGroupHeartbeat response received for member id "m1" with epoch {ep}\n'
     lines = [
-        sent.format(t="100.100", inc="ck1/7"),
-        answer.format(t="100.250", inc="ck1/7", ep=1),
+        SENT.format(t="100.100", inc="ck1/7"),
+        ANSWER.format(t="100.250", inc="ck1/7", ep=1),
         '%7|100.300|CGRPOP|ck1/7#consumer-1| [thrd:main]: Group "g" received op ...\n',
-        answer.format(t="100.400", inc="ck1/8", ep=3),
-        sent.format(t="100.600", inc="ck1/7"),
+        ANSWER.format(t="100.400", inc="ck1/8", ep=3),
+        SENT.format(t="100.600", inc="ck1/7"),
         "%5|101.600|REQTMOUT|ck1/7#consumer-1| [thrd:GroupCoordinator]: Timed out ...\n",
-        sent.format(t="101.700", inc="ck1/7"),
-        answer.format(t="102.750", inc="ck1/7", ep=2),
+        SENT.format(t="101.700", inc="ck1/7"),
+        FENCED.format(t="101.750", inc="ck1/7"),
     ]
     trace = librdkafka_heartbeats(lines)
-    assert [(e["inc"], e["t"], e["sent"], e["resp_ep"]) for e in trace] == [
-        ("ck1/7", 100.25, 100.1, 1), ("ck1/8", 100.4, None, 3), ("ck1/7", 102.75, 101.7, 2)
+    assert [(e["ev"], e["inc"], e["t"], e["sent"], e.get("err")) for e in trace] == [
+        ("hb_sent", "ck1/7", 100.1, 100.1, None), ("hb", "ck1/7", 100.25, 100.1, 0),
+        ("hb", "ck1/8", 100.4, None, 0), ("hb_sent", "ck1/7", 100.6, 100.6, None),
+        ("hb_sent", "ck1/7", 101.7, 101.7, None), ("hb", "ck1/7", 101.75, 101.7, 110),
     ]  # fmt: skip
-    assert all(e["ev"] == "hb" and e["err"] == 0 for e in trace)
     # with a trace, a confluent-kafka member fenced while running ends at its last heartbeat
     ck = librdkafka_heartbeats(
-        [sent.format(t="0.8", inc="a/1"), answer.format(t="0.9", inc="a/1", ep=1),
-         sent.format(t="1.2", inc="a/1"), answer.format(t="4.0", inc="a/1", ep=1)]
+        [SENT.format(t="0.8", inc="a/1"), ANSWER.format(t="0.9", inc="a/1", ep=1),
+         SENT.format(t="1.2", inc="a/1"), ANSWER.format(t="4.0", inc="a/1", ep=1)]
     )  # fmt: skip
     assert check(fenced_while_running(7.5, ck)).violations == {}
     assert check(fenced_while_running(7.0, ck)).violations == {"overlaps": 1}
+
+
+def test_checker_ends_ownership_of_a_member_fenced_by_a_heartbeat_at_that_heartbeat() -> None:
+    """librdkafka timed out a's heartbeat sent at 1.7 (the broker read it and moved a to a new
+    epoch; the answer was dropped); the next one, sent at 2.9, was answered
+    FENCED_MEMBER_EPOCH: the broker can have fenced a from 1.7 on (not only one session after
+    1.2). b from 3.0 is a zombie window; b at 1.65 an overlap (a's heartbeat sent at 1.2 was
+    answered without error, and a committed at 1.5). Without the fencing answer, the session
+    bound (7.2) stays."""
+    lines = [SENT.format(t="1.2", inc="a/1"), ANSWER.format(t="1.25", inc="a/1", ep=1),
+             SENT.format(t="1.7", inc="a/1"), SENT.format(t="2.9", inc="a/1"),
+             FENCED.format(t="2.95", inc="a/1")]  # fmt: skip
+    trace = librdkafka_heartbeats(lines)
+    summary = check(fenced_while_running(3.0, trace))
+    assert summary.violations == {}, summary.examples
+    assert summary.zombie_windows == 1 and "fenced_running" in summary.examples["zombie windows"][0]
+    assert check(fenced_while_running(1.65, trace)).violations == {"overlaps": 1}
+    assert check(fenced_while_running(3.0, trace[:-1])).violations == {"overlaps": 1}
