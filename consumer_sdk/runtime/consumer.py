@@ -140,20 +140,27 @@ class Consumer(GroupMember):
         """Up to ``num_messages`` records within ``timeout`` seconds; ``None`` (the default)
         or a negative timeout blocks until at least one record, an error or a callback that
         ran (then it returns ``[]``)."""
-        self._ensure_usable()
+        if self._closed or self._fatal is not None or self._net.failure is not None:
+            self._ensure_usable()
         if num_messages < 1:
             raise ValueError(f"num_messages must be >= 1, got {num_messages}")
         forever = timeout is None or timeout < 0
-        deadline = time.monotonic() + _wait_seconds(timeout)
-        self._net.note_poll()
+        now = time.monotonic()
+        if now >= self._next_post_poll:
+            self._post_poll_limited(now)
+        wait = _wait_seconds(timeout)
+        deadline = now + wait
         while True:
             if (
                 self._core.background_events or self._app_callbacks or self._net.failure
             ) and (self._dispatch_background_events() and forever):
                 return self._fetcher.consume(num_messages, 0)
-            remaining = deadline - time.monotonic()
-            msgs = self._fetcher.consume(num_messages, max(min(remaining, self._slice()), 0))
-            if msgs or time.monotonic() >= deadline:
+            msgs = self._fetcher.consume(num_messages, max(min(wait, self._slice()), 0))
+            if msgs:
+                return msgs
+            now = time.monotonic()
+            wait = deadline - now
+            if wait <= 0:
                 return msgs
             self._net.note_poll()
 
@@ -244,8 +251,8 @@ class Consumer(GroupMember):
         stored with store_offsets()."""
         if self._config.enable_auto_offset_store:
             offsets = {
-                p: OffsetAndMetadata(o, self._fetcher.leader_epoch(p))
-                for p, o in self._fetcher.positions().items()
+                p: OffsetAndMetadata(o, epoch)
+                for p, (o, epoch) in self._fetcher.committable().items()
             }
         else:
             with self._store_lock:
@@ -258,12 +265,8 @@ class Consumer(GroupMember):
         if not self._config.enable_auto_offset_store:
             with self._store_lock:
                 return {p: self._stored[p] for p in parts if p in self._stored}
-        positions = self._fetcher.positions()
-        return {
-            p: OffsetAndMetadata(positions[p], self._fetcher.leader_epoch(p))
-            for p in parts
-            if p in positions
-        }
+        positions = self._fetcher.committable()
+        return {p: OffsetAndMetadata(*positions[p]) for p in parts if p in positions}
 
     def _fence(self, parts: set[Partition]) -> None:
         if parts:
@@ -619,10 +622,16 @@ class Consumer(GroupMember):
     def _on_loop_auto_commit_offsets(self) -> Mapping[Partition, OffsetLike] | None:
         """(loop thread) With a manual assignment: the consumed offsets of its partitions
         (committed under generation -1, as confluent-kafka does); else the group's."""
-        if not self._manual or getattr(self, "_fetcher", None) is None:
+        fetcher: Fetcher | None = getattr(self, "_fetcher", None)
+        if fetcher is None:
             return super()._on_loop_auto_commit_offsets()
-        manual = set(self._manual.copy())  # the copy is atomic; the app thread may change it
-        return {p: o for p, o in self._consumed_offsets().items() if p in manual}
+        # Never wait long for the application thread: it may be inside a callback that
+        # needs the core lock this thread holds.
+        with fetcher.bounded_reads():
+            if not self._manual:
+                return super()._on_loop_auto_commit_offsets()
+            manual = set(self._manual.copy())  # the copy is atomic; the app thread may change it
+            return {p: o for p, o in self._consumed_offsets().items() if p in manual}
 
     def close(self, timeout: float = 10.0, option: CloseOption = CloseOption.DEFAULT) -> None:
         """Commit (auto-commit), release the assignment, leave the group and stop.

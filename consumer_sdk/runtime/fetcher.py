@@ -4,14 +4,44 @@ The fetcher never subscribes, never commits and never stores offsets; the member
 runtime drives it with ``incremental_assign`` / ``incremental_unassign``. Records of a
 partition that is no longer fetchable are dropped, including ones librdkafka already
 buffered, so a revoked partition's record can never reach the application.
+
+Positions. A partition's position is the offset after the last record handed to the
+application, or an explicit one (assignment, seek, rewind after unfencing); commits carry
+the leader epoch of that last record. It is kept in one of two ways:
+
+* *native* partitions (``_native``): librdkafka's application position, which librdkafka
+  moves past every record it returns (with the record's leader epoch) and resets to
+  OFFSET_INVALID on assign, unassign and seek; an explicit position in ``_positions``
+  stands while it is invalid. It is read only when someone asks (commit, ``position()``),
+  so ``consume()`` does no per-record work. It is exact while librdkafka returned no record
+  of the partition that was not handed on: none dropped (fenced, unassigned, sought) and
+  none set aside in ``poll()``'s buffer.
+* the others: ``_last`` (the last record handed out), else ``_positions``/``_epochs``.
+
+Why this is exact: a native partition is moved to the second kind, at librdkafka's
+position, before any record of it can be dropped or buffered: ``poll()`` does so for every
+native partition before it takes a batch; ``consume()`` for native partitions fenced before
+the call. The network loop thread may fence a partition while a ``consume()`` call is inside
+librdkafka: that batch's records of it are dropped and its position becomes its first record
+there, where it stood before the batch (only offsets without a deliverable record can lie
+between). A partition becomes native again with an explicit position (assign, seek,
+rewind), or when ``consume()``, before a call, finds librdkafka's position equal to its own
+while it is fetchable and nothing of it is buffered.
+
+librdkafka moves its position while it returns a batch, before the fetcher has decided
+which records of it to hand out: ``_flight`` is held by the application thread across every
+librdkafka call that returns records and the handling of its batch, and by every reader of
+librdkafka's positions (the loop thread's auto-commit waits at most ``_READ_WAIT_S``, then
+commits the partitions it can read).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from typing import Any
 
 from confluent_kafka import (
@@ -39,13 +69,17 @@ _ERROR = Message.error
 #: (a queue wait, a GIL release) once per batch instead of once per record.
 POLL_BATCH = 256
 
+#: The longest a bounded reader (the network loop's auto-commit) waits for a batch being
+#: returned by librdkafka on the application thread (such a call lasts one fetch slice).
+_READ_WAIT_S = 0.1
+
 # A buffered record: its partition (None for an error event) and the message.
 _Entry = tuple[Partition | None, Message]
 
 
-def _only_topic(partitions: set[Partition]) -> str | None:
-    topics = {topic for topic, _ in partitions}
-    return topics.pop() if len(topics) == 1 else None
+def _epoch(msg: Message) -> int:
+    epoch = msg.leader_epoch()
+    return -1 if epoch is None else epoch
 
 
 class Fetcher:
@@ -54,10 +88,18 @@ class Fetcher:
     def __init__(self, config: Mapping[str, Any]) -> None:
         self._consumer = Consumer(dict(config))
         self._lock = threading.Lock()
+        # See the module docstring: held across librdkafka calls that return records (and
+        # the handling of their batch) and by readers of librdkafka's positions.
+        self._flight = threading.RLock()
+        self._bounded = threading.local()
         self._fetchable: set[Partition] = set()
         self._assigned: set[Partition] = set()
-        self._topic: str | None = None  # the topic of every assigned partition, if only one
+        self._native: set[Partition] = set()
+        # Every assigned partition fetchable and native: consume() hands batches on as they
+        # are. Written under _lock only (fence() runs on the loop thread too).
+        self._fast = False
         self._positions: dict[Partition, int] = {}
+        self._epochs: dict[Partition, int] = {}  # leader epoch of a _positions entry
         self._last: dict[Partition, Message] = {}
         self._paused: set[Partition] = set()
         # Records librdkafka handed over for poll() and not delivered yet, in order; and
@@ -71,6 +113,11 @@ class Fetcher:
     @property
     def consumer(self) -> Consumer:
         return self._consumer
+
+    def _refresh_fast(self) -> None:
+        """(_lock held)"""
+        assigned = self._assigned
+        self._fast = bool(assigned) and self._native == assigned and self._fetchable == assigned
 
     def assign(self, starts: Mapping[Partition, int | None]) -> None:
         """Start fetching ``starts`` (partition -> next offset; None = auto.offset.reset).
@@ -91,7 +138,7 @@ class Fetcher:
                 else:
                     offset = OFFSET_BEGINNING if self.reset == "earliest" else OFFSET_END
             tps.append(TopicPartition(topic, partition, offset))
-        with self._lock:
+        with self._flight, self._lock:
             new = [tp for tp in tps if (tp.topic, tp.partition) not in self._assigned]
             if not new:
                 return
@@ -101,55 +148,86 @@ class Fetcher:
                 key = (tp.topic, tp.partition)
                 self._assigned.add(key)
                 self._fetchable.add(key)
+                # librdkafka's position is invalid until it returns a record of it.
+                self._native.add(key)
+                self._last.pop(key, None)
+                self._epochs.pop(key, None)
                 if tp.offset >= 0:
                     self._positions[key] = tp.offset
-            self._topic = _only_topic(self._assigned)
+                else:
+                    self._positions.pop(key, None)
+            self._refresh_fast()
         log.debug("fetcher assigned %s", sorted((tp.topic, tp.partition) for tp in new))
 
     def unassign(self, partitions: Iterable[Partition]) -> None:
         """Stop fetching and drop every buffered record of ``partitions``."""
-        with self._lock:
+        with self._flight, self._lock:
             gone = [p for p in partitions if p in self._assigned]
             self._purge(set(gone))
             for p in gone:
                 self._assigned.discard(p)
                 self._fetchable.discard(p)
+                self._native.discard(p)
                 self._positions.pop(p, None)
+                self._epochs.pop(p, None)
                 self._last.pop(p, None)
                 self._paused.discard(p)
-            self._topic = _only_topic(self._assigned)
+            self._refresh_fast()
             if gone and not self._closed:
                 self._consumer.incremental_unassign([TopicPartition(t, p) for t, p in gone])
         if gone:
             log.debug("fetcher unassigned %s", sorted(gone))
 
     def fence(self, partitions: Iterable[Partition]) -> None:
-        """Mark partitions pending revocation: their records are dropped from now on."""
+        """Mark partitions pending revocation: their records are dropped from now on.
+        Either thread (the network loop fences lost partitions); never waits for a batch."""
         with self._lock:
-            for p in partitions:
-                self._fetchable.discard(p)
+            before = len(self._fetchable)
+            self._fetchable.difference_update(partitions)
+            if len(self._fetchable) != before:
+                self._fast = False
 
     def unfence(self, partitions: Iterable[Partition]) -> None:
         """Make fenced partitions that stay assigned fetchable again, from their position.
 
         Records fetched while they were fenced were dropped, so each is rewound to the
         offset after the last record delivered (or where it started)."""
-        rewind = []
-        with self._lock:
-            for key in partitions:
-                if key in self._assigned and key not in self._fetchable:
-                    msg = self._last.get(key)
-                    offset = msg.offset() if msg is not None else None
-                    position = offset + 1 if offset is not None else self._positions.get(key)
-                    self._fetchable.add(key)
-                    if position is not None:
-                        rewind.append(TopicPartition(key[0], key[1], position))
-            # Records buffered before the fence would come again after the rewind.
-            self._purge({(tp.topic, tp.partition) for tp in rewind})
-        for tp in rewind:
-            self._consumer.seek(tp)
+        rewind: list[tuple[TopicPartition, int]] = []
+        with self._flight:
+            with self._lock:
+                for key in partitions:
+                    if key in self._assigned and key not in self._fetchable:
+                        self._fetchable.add(key)
+                        if key in self._native:
+                            continue  # nothing of it was dropped: librdkafka's position holds
+                        msg = self._last.get(key)
+                        offset = msg.offset() if msg is not None else None
+                        if offset is not None:
+                            position: int | None = offset + 1
+                            epoch = _epoch(msg)  # type: ignore[arg-type]
+                        else:
+                            position = self._positions.get(key)
+                            epoch = self._epochs.get(key, -1)
+                        if position is not None:
+                            rewind.append((TopicPartition(key[0], key[1], position), epoch))
+                # Records buffered before the fence would come again after the rewind.
+                self._purge({(tp.topic, tp.partition) for tp, _ in rewind})
+                self._refresh_fast()
+            for tp, _ in rewind:
+                self._consumer.seek(tp)
+            with self._lock:
+                # After the seek librdkafka's position is invalid: the rewind position
+                # stands, with the epoch of the last record delivered before it.
+                for tp, epoch in rewind:
+                    key = (tp.topic, tp.partition)
+                    self._last.pop(key, None)
+                    self._positions[key] = tp.offset
+                    self._epochs[key] = epoch
+                    if key in self._fetchable:
+                        self._native.add(key)
+                self._refresh_fast()
         if rewind:
-            log.debug("fetcher unfenced %s", sorted((tp.topic, tp.partition) for tp in rewind))
+            log.debug("fetcher unfenced %s", sorted((tp.topic, tp.partition) for tp, _ in rewind))
 
     def assigned(self) -> set[Partition]:
         with self._lock:
@@ -194,7 +272,7 @@ class Fetcher:
         instead, so a seek right after an assignment wins over the committed offset."""
         topic, number = partition
         tp = TopicPartition(topic, number, offset)
-        with self._lock:
+        with self._flight, self._lock:
             if partition not in self._assigned:
                 raise KafkaException(
                     KafkaError(
@@ -204,11 +282,17 @@ class Fetcher:
                 )
             self._last.pop(partition, None)
             self._positions.pop(partition, None)
+            self._epochs.pop(partition, None)
             self._purge({partition})
+            # Either way librdkafka's position is invalid now and nothing of the partition
+            # is buffered: librdkafka's position is its own again (unless it is fenced: its
+            # records are dropped until it is unfenced).
+            self._native.discard(partition)
             try:
                 self._consumer.seek(tp)
             except KafkaException as exc:
                 if exc.args[0].code() != KafkaError._STATE:
+                    self._refresh_fast()
                     raise
                 self._consumer.incremental_unassign([TopicPartition(topic, number)])
                 self._consumer.incremental_assign([tp])
@@ -216,22 +300,115 @@ class Fetcher:
                     self._consumer.pause([TopicPartition(topic, number)])
                 log.debug("fetcher restarted %s [%d] at %d (seek before its first fetch)",
                           topic, number, offset)  # fmt: skip
+            if partition in self._fetchable:
+                self._native.add(partition)
+            self._refresh_fast()
+
+    @contextlib.contextmanager
+    def bounded_reads(self) -> Iterator[None]:
+        """(network loop thread) Position reads in this block wait at most
+        ``_READ_WAIT_S`` for a batch being returned on the application thread; past that
+        they leave out the partitions whose position is librdkafka's."""
+        self._bounded.wait = _READ_WAIT_S
+        try:
+            yield
+        finally:
+            self._bounded.wait = -1
+
+    def committable(self) -> dict[Partition, tuple[int, int]]:
+        """Position and leader epoch (-1 if unknown) per partition that has a position:
+        what a commit of the consumed offsets commits."""
+        wait: float = getattr(self._bounded, "wait", -1)
+        locked = self._flight.acquire(timeout=wait)
+        try:
+            with self._lock:
+                out = {p: (o, self._epochs.get(p, -1)) for p, o in self._positions.items()}
+                last = list(self._last.items())
+                native = list(self._native)
+                closed = self._closed
+            for key, msg in last:
+                offset = msg.offset()
+                if offset is not None:
+                    out[key] = (offset + 1, _epoch(msg))
+            if not native:
+                return out
+            if not locked:
+                log.debug("positions of %d partition(s) left out: a batch is being returned",
+                          len(native))  # fmt: skip
+                for key in native:
+                    out.pop(key, None)
+                return out
+            if not closed:
+                out.update(self._read_native(native))
+            return out
+        finally:
+            if locked:
+                self._flight.release()
 
     def positions(self) -> dict[Partition, int]:
         """Next offset to deliver per partition (only partitions that have one)."""
-        with self._lock:
-            positions = dict(self._positions)
-            last = dict(self._last)
-        for key, msg in last.items():
-            offset = msg.offset()
-            if offset is not None:
-                positions[key] = offset + 1
-        return positions
+        return {p: o for p, (o, _) in self.committable().items()}
 
     def leader_epoch(self, partition: Partition) -> int:
-        msg = self._last.get(partition)
-        epoch = msg.leader_epoch() if msg is not None else None
-        return -1 if epoch is None else epoch
+        """Leader epoch of the last record delivered from ``partition`` (-1 if unknown)."""
+        found = self.committable().get(partition)
+        return -1 if found is None else found[1]
+
+    def _read_native(self, keys: Collection[Partition]) -> dict[Partition, tuple[int, int]]:
+        """librdkafka's valid positions of ``keys`` (_flight held)."""
+        out: dict[Partition, tuple[int, int]] = {}
+        for tp in self._consumer.position([TopicPartition(t, p) for t, p in keys]):
+            if tp.offset >= 0:
+                epoch = tp.leader_epoch
+                out[(tp.topic, tp.partition)] = (tp.offset, -1 if epoch is None else epoch)
+        return out
+
+    def _materialize(self, keys: Collection[Partition]) -> None:
+        """Keep the positions of native ``keys`` ourselves, from librdkafka's (exact: no
+        batch is being returned; application thread, _flight held)."""
+        found = self._read_native(keys) if not self._closed else {}
+        with self._lock:
+            for key in keys:
+                if key in self._native:
+                    self._native.discard(key)
+                    if key in found:
+                        self._positions[key], self._epochs[key] = found[key]
+            self._fast = False
+
+    def _settle(self) -> None:
+        """Before a ``consume()`` call that may not be fast (application thread, _flight
+        held, no batch being returned): native partitions that are fenced keep their
+        position here from now on (their records will be dropped); fetchable ones with
+        nothing buffered whose position equals librdkafka's become native."""
+        with self._lock:
+            fenced = self._native - self._fetchable
+            candidates = self._fetchable - self._native - self._held.keys()
+            if self._buffer:
+                candidates -= {entry[0] for entry in self._buffer}
+        if fenced:
+            self._materialize(fenced)
+        if candidates and not self._closed:
+            found = self._read_native(candidates)
+            with self._lock:
+                for key in candidates:
+                    if key not in self._fetchable or key in self._native:
+                        continue
+                    msg = self._last.get(key)
+                    offset = msg.offset() if msg is not None else None
+                    ours = offset + 1 if offset is not None else self._positions.get(key)
+                    theirs = found.get(key)
+                    if theirs is None and msg is None:
+                        self._native.add(key)  # nothing returned since its explicit position
+                    elif theirs is not None and theirs[0] == ours:
+                        self._native.add(key)
+                        self._last.pop(key, None)
+                        self._positions.pop(key, None)
+                        self._epochs.pop(key, None)
+                    else:
+                        log.debug("fetcher keeps the position of %s [%d] (%s; librdkafka's %s)",
+                                  key[0], key[1], ours, theirs)  # fmt: skip
+        with self._lock:
+            self._refresh_fast()
 
     def _purge(self, partitions: set[Partition]) -> None:
         """Drop the buffered records of ``partitions`` (unassigned, sought or rewound)."""
@@ -260,13 +437,16 @@ class Fetcher:
         if not buffer:
             if self._closed:
                 return None
-            msgs = self._consumer.consume(POLL_BATCH, 0)
-            if not msgs:
-                msg = self._consumer.poll(timeout)
-                if msg is None:
-                    return None
-                msgs = [msg]
-            self._fill(msgs)
+            with self._flight:
+                if self._native:  # their records are about to be buffered
+                    self._materialize(set(self._native))
+                msgs = self._consumer.consume(POLL_BATCH, 0)
+                if not msgs:
+                    msg = self._consumer.poll(timeout)
+                    if msg is None:
+                        return None
+                    msgs = [msg]
+                self._fill(msgs)
             buffer = self._buffer
         fetchable = self._fetchable
         while buffer:
@@ -297,33 +477,47 @@ class Fetcher:
             timeout = 0
         if self._closed:
             return []
-        msgs = self._consumer.consume(num_messages, timeout)
-        if not msgs:
-            return msgs
-        topic = self._topic
-        if topic is not None and self._fetchable == self._assigned:
-            # Common case: one topic, nothing fenced. Only the last message per partition
-            # matters for the position, so the per-record work is a dict built in C; an
-            # error event that is the last of its partition sends the batch the slow way.
-            newest = dict(zip(map(_PARTITION, msgs), msgs, strict=True))
-            if all(m.error() is None and m.topic() == topic for m in newest.values()):
-                last = self._last
-                for partition, msg in newest.items():
-                    last[(topic, partition)] = msg  # type: ignore[index]
+        with self._flight:
+            if not self._fast:
+                self._settle()
+            msgs = self._consumer.consume(num_messages, timeout)
+            # Common case: every assigned partition fetchable and native, so librdkafka's
+            # positions are right for the whole batch (error events do not move them).
+            if not msgs or self._fast:
                 return msgs
+            return self._sort(msgs)
+
+    def _sort(self, msgs: list[Message]) -> list[Message]:
+        """The records of ``msgs`` to hand out (application thread, _flight held)."""
         keys = list(zip(map(_TOPIC, msgs), map(_PARTITION, msgs), strict=True))
-        if self._fetchable == self._assigned and not any(map(_ERROR, msgs)):
-            # Several topics, nothing fenced, no error events in the batch; the later
-            # messages of a partition overwrite earlier ones in ``_last``.
-            self._last.update(zip(keys, msgs, strict=True))  # type: ignore[arg-type]
-            return msgs
-        fetchable, last = self._fetchable, self._last
+        with self._lock:
+            fetchable = set(self._fetchable)  # one decision per batch and partition
+            native = self._native
+            lost = native - fetchable
+        if lost:
+            # Fenced by the network loop during the call: librdkafka's position counts
+            # this batch's records of them, which are dropped. Their first record here is
+            # where they stood before it.
+            firsts: dict[Partition, Message] = {}
+            for key, msg in zip(keys, msgs, strict=True):
+                if key in lost and key not in firsts and msg.error() is None:
+                    firsts[key] = msg
+            with self._lock:
+                for key, msg in firsts.items():
+                    offset = msg.offset()
+                    if offset is not None:
+                        native.discard(key)
+                        self._last.pop(key, None)
+                        self._positions[key] = offset
+                        self._epochs[key] = _epoch(msg)
+        last = self._last
         out = []
         for key, msg in zip(keys, msgs, strict=True):
             if msg.error() is not None:
                 out.append(msg)
             elif key in fetchable:
-                last[key] = msg
+                if key not in native:
+                    last[key] = msg
                 out.append(msg)
             else:
                 self._note_dropped(key, msg)  # type: ignore[arg-type]
@@ -338,11 +532,16 @@ class Fetcher:
                 self._positions[key] = offset
 
     def close(self) -> None:
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-            self._buffer.clear()
-            self._held.clear()
+        with self._flight:
+            with self._lock:
+                if self._closed:
+                    return
+                native = set(self._native)
+            if native:  # positions stay readable after librdkafka's consumer is gone
+                self._materialize(native)
+            with self._lock:
+                self._closed = True
+                self._buffer.clear()
+                self._held.clear()
         # Assign-only consumers leave no group; close() only stops librdkafka's threads.
         self._consumer.close()

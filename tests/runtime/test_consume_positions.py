@@ -1,0 +1,346 @@
+"""consume() keeps no per-record bookkeeping on its common path: positions and leader epochs
+come from librdkafka's application position when asked. These tests pin what that position
+must be (the offset after the last record handed to the application, or an explicit one)
+through batches, fencing, seeks, revocation and mixed poll()/consume(), against EmbeddedKafka
+and against confluent-kafka itself."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import confluent_kafka
+
+from consumer_sdk import Consumer, KafkaException, TopicPartition
+from consumer_sdk.runtime.fetcher import Fetcher
+from consumer_sdk.testing import EmbeddedKafka
+from tests.runtime.harness import Timeline, config, wait_for
+
+Seen = dict[int, list[int]]  # partition -> offsets delivered, in order
+
+
+def _take(read: Callable[[], list[Any]], seen: Seen, want: int, what: str) -> None:
+    """Call ``read`` until ``want`` records were delivered in all (deadline 60 s)."""
+    deadline = time.monotonic() + 60
+    while sum(map(len, seen.values())) < want:
+        assert time.monotonic() < deadline, f"{what}: only {sum(map(len, seen.values()))}"
+        for msg in read():
+            if msg is not None and msg.error() is None:
+                seen.setdefault(msg.partition(), []).append(msg.offset())
+
+
+def _expected(seen: Seen) -> dict[int, int]:
+    return {p: offsets[-1] + 1 for p, offsets in seen.items() if offsets}
+
+
+def _positions(consumer: Any, topic: str, partitions: int) -> dict[int, int]:
+    tps = consumer.position([TopicPartition(topic, p) for p in range(partitions)])
+    return {tp.partition: tp.offset for tp in tps if tp.offset >= 0}
+
+
+def _contiguous(seen: Seen, start: int = 0) -> None:
+    for p, offsets in seen.items():
+        assert offsets == list(range(start, start + len(offsets))), f"partition {p}: {offsets}"
+
+
+def _raw_committed(kafka: EmbeddedKafka, group: str, topic: str, n: int) -> dict[int, tuple]:
+    raw = confluent_kafka.Consumer({"bootstrap.servers": kafka.bootstrap_servers,
+                                    "group.id": group})  # fmt: skip
+    try:
+        tps = raw.committed([TopicPartition(topic, p) for p in range(n)], timeout=20)
+        return {tp.partition: (tp.offset, tp.leader_epoch) for tp in tps if tp.offset >= 0}
+    finally:
+        raw.close()
+
+
+def test_consume_batches_then_commit_and_position_match_last_delivered(
+    embedded_kafka: EmbeddedKafka,
+) -> None:
+    """Several partitions with different leader epochs, uneven batches: position() and the
+    committed offsets (OffsetFetch, read by confluent-kafka) are the last delivered offset + 1
+    with that record's leader epoch, mid-stream and at the end."""
+    topic, group, n = "cp-batches", "cp-batches-g", 4
+    embedded_kafka.create_topic(topic, partitions=n)
+    for p in range(n):
+        # A different leader epoch per partition (the mock refuses commits that carry an
+        # epoch older than the leader's, so the moves come before the records).
+        for move in range(p + 1):
+            embedded_kafka.partition_set_leader(topic, p, 1 + (p + move + 1) % 3)
+        embedded_kafka.produce(topic, [f"{p}-{i}".encode() for i in range(120 + 10 * p)],
+                               partition=p)  # fmt: skip
+    total = sum(120 + 10 * p for p in range(n))
+    consumer = Consumer(config(embedded_kafka, group, enable_auto_commit=False))
+    epochs: dict[int, int] = {}
+    seen: Seen = {}
+
+    def read(count: int) -> list[Any]:
+        msgs = consumer.consume(count, 0.2)
+        for m in msgs:
+            if m.error() is None:
+                epochs[m.partition()] = m.leader_epoch()
+        return msgs
+
+    try:
+        consumer.assign([TopicPartition(topic, p) for p in range(n)])
+        for step, (count, want) in enumerate([(37, 150), (1, 151), (500, total // 2),
+                                              (13, total)]):  # fmt: skip
+            _take(lambda c=count: read(c), seen, want, f"step {step}")
+            assert _positions(consumer, topic, n) == _expected(seen)
+            consumer.commit(asynchronous=False)
+            committed = _raw_committed(embedded_kafka, group, topic, n)
+            assert committed == {p: (o, epochs[p]) for p, o in _expected(seen).items()}
+        _contiguous(seen)
+        assert len(set(epochs.values())) == n, f"one leader epoch per partition: {epochs}"
+    finally:
+        consumer.close()
+
+
+def test_seek_between_consume_batches_matches_confluent_kafka(
+    embedded_kafka: EmbeddedKafka,
+) -> None:
+    """The same sequence on this SDK and on confluent-kafka, one partition so both get the
+    same records: positions after batches, after a seek (unknown until the next record),
+    after the next record and after seeking forward are equal."""
+    topic = "cp-seek"
+    embedded_kafka.create_topic(topic, partitions=1)
+    embedded_kafka.produce(topic, [f"v{i}".encode() for i in range(200)], partition=0)
+    conf = {"bootstrap.servers": embedded_kafka.bootstrap_servers, "enable.auto.commit": False,
+            "auto.offset.reset": "earliest"}  # fmt: skip
+    ours = Consumer({**conf, "group.id": "cp-seek-sdk"})
+    theirs = confluent_kafka.Consumer({**conf, "group.id": "cp-seek-raw"})
+    tp = TopicPartition(topic, 0)
+
+    def sequence(c: Any) -> list[Any]:
+        trace: list[Any] = []
+        seen: Seen = {}
+        c.assign([TopicPartition(topic, 0, 0)])
+        _take(lambda: c.consume(40 - sum(map(len, seen.values())), 0.2), seen, 40, "first 40")
+        trace += [seen[0][-1], c.position([tp])[0].offset]
+        c.seek(TopicPartition(topic, 0, 7))
+        trace.append(c.position([tp])[0].offset)
+        seen.clear()
+        _take(lambda: c.consume(1, 0.2), seen, 1, "after seek")
+        trace += [seen[0], c.position([tp])[0].offset]
+        c.seek(TopicPartition(topic, 0, 150))
+        seen.clear()
+        _take(lambda: c.consume(25 - sum(map(len, seen.values())), 0.2), seen, 25, "forward")
+        trace += [seen[0], c.position([tp])[0].offset]
+        return trace
+
+    try:
+        mine, raw = sequence(ours), sequence(theirs)
+        assert mine == raw
+        assert mine[:3] == [39, 40, -1001] and mine[3] == [7] and mine[4] == 8
+        assert mine[5] == list(range(150, 175)) and mine[6] == 175
+    finally:
+        ours.close()
+        theirs.close()
+
+
+def test_poll_and_consume_mixed_keep_exact_positions(embedded_kafka: EmbeddedKafka) -> None:
+    """poll() buffers a batch from librdkafka that consume() must not count as delivered;
+    alternating them (with a pause/resume between) keeps every position exact and every
+    partition's records in order, none skipped or repeated."""
+    topic, n = "cp-mixed", 3
+    embedded_kafka.create_topic(topic, partitions=n)
+    for p in range(n):
+        embedded_kafka.produce(topic, [f"{p}-{i}".encode() for i in range(400)], partition=p)
+    consumer = Consumer(config(embedded_kafka, "cp-mixed-g", enable_auto_commit=False))
+    seen: Seen = {}
+    try:
+        consumer.assign([TopicPartition(topic, p) for p in range(n)])
+        plan: list[tuple[str, int]] = [("poll", 1), ("consume", 30), ("poll", 5),
+                                       ("consume", 300), ("pause", 0), ("poll", 40),
+                                       ("resume", 0), ("consume", 7), ("poll", 200),
+                                       ("consume", 1000)]  # fmt: skip
+        for step, (kind, count) in enumerate(plan):
+            if kind == "pause":
+                consumer.pause([TopicPartition(topic, 0)])
+                continue
+            if kind == "resume":
+                consumer.resume([TopicPartition(topic, 0)])
+                continue
+            want = min(sum(map(len, seen.values())) + count, 400 * n)
+            if kind == "poll":
+                _take(lambda: [consumer.poll(0.2)], seen, want, f"step {step}")
+            else:
+                _take(lambda c=count: consumer.consume(c, 0.2), seen, want, f"step {step}")
+            assert _positions(consumer, topic, n) == _expected(seen), f"after step {step}"
+        _take(lambda: consumer.consume(500, 0.2), seen, 400 * n, "the rest")
+        _contiguous(seen)
+        assert _positions(consumer, topic, n) == dict.fromkeys(range(n), 400)
+    finally:
+        consumer.close()
+
+
+class _ConsumeMember:
+    """A subscribed Consumer driven by consume() on its own thread."""
+
+    def __init__(self, name: str, conf: dict[str, Any], topic: str, timeline: Timeline) -> None:
+        self.name, self.timeline = name, timeline
+        self.consumer = Consumer(conf)
+        self.records: list[tuple[int, int, float]] = []  # partition, offset, when
+        self.errors: list[BaseException] = []
+        self.owned: set[int] = set()
+        self._stop = threading.Event()
+        self.consumer.subscribe([topic], on_assign=self._assign, on_revoke=self._revoke)
+        self._thread = threading.Thread(target=self._loop, name=f"app-{name}", daemon=True)
+        self._thread.start()
+
+    def _assign(self, _: Any, parts: list[TopicPartition]) -> None:
+        self.owned.update(tp.partition for tp in parts)
+        self.timeline.record(self.name, "assign", parts)
+
+    def _revoke(self, _: Any, parts: list[TopicPartition]) -> None:
+        self.owned.difference_update(tp.partition for tp in parts)
+        self.timeline.record(self.name, "revoke", parts)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                msgs = self.consumer.consume(50, 0.1)
+            except KafkaException as exc:
+                self.errors.append(exc)
+                continue
+            now = time.monotonic()
+            self.records += [(m.partition(), m.offset(), now) for m in msgs if m.error() is None]
+            time.sleep(0.005)  # some processing: the stream is still flowing at the rebalance
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+        self.consumer.close()
+
+
+def test_revocation_mid_stream_hands_partitions_over_exactly(
+    embedded_kafka: EmbeddedKafka,
+) -> None:
+    """A consume() member loses partitions to a joining member while records keep coming:
+    the revocation commit is its last delivered offset + 1 (records it fenced and dropped are
+    not counted), so the next owner starts right there: every partition's records are
+    delivered once, in order, across the two owners."""
+    topic, group, n = "cp-revoke", "cp-revoke-g", 4
+    embedded_kafka.create_topic(topic, partitions=n)
+    produced = [0] * n
+    stop_producing = threading.Event()
+
+    def produce() -> None:
+        while not stop_producing.is_set():
+            for p in range(n):
+                embedded_kafka.produce(topic, [f"{p}-{produced[p] + i}".encode()
+                                               for i in range(40)], partition=p)  # fmt: skip
+                produced[p] += 40
+            time.sleep(0.05)
+
+    producer = threading.Thread(target=produce, daemon=True)
+    timeline = Timeline()
+    members: list[_ConsumeMember] = []
+    try:
+        producer.start()
+        members.append(_ConsumeMember("a", config(embedded_kafka, group), topic, timeline))
+        wait_for(lambda: len(members[0].owned) == n and len(members[0].records) > 200,
+                 timeout=60, what="member a consuming every partition")  # fmt: skip
+        members.append(_ConsumeMember("b", config(embedded_kafka, group), topic, timeline))
+        wait_for(lambda: members[1].owned and members[0].owned and
+                 {p for p, _, _ in members[1].records} == members[1].owned,
+                 timeout=60, what="member b consuming the partitions it took over")  # fmt: skip
+        stop_producing.set()
+        producer.join(30)
+        wait_for(lambda: sum(len(m.records) for m in members) >= sum(produced),
+                 timeout=60, what=f"all {sum(produced)} records consumed")  # fmt: skip
+        time.sleep(0.5)  # nothing more may arrive (a duplicate would)
+        assert [m.errors for m in members] == [[], []]
+        by_partition: Seen = {}
+        for m in members:  # a's records of a moved partition all precede b's
+            for p, o, _ in sorted(m.records, key=lambda r: r[2]):
+                by_partition.setdefault(p, []).append(o)
+        for p in members[1].owned:
+            last_a = max((r[2] for r in members[0].records if r[0] == p), default=0.0)
+            first_b = min(r[2] for r in members[1].records if r[0] == p)
+            assert last_a < first_b, f"partition {p} delivered by both members at once"
+        merged = {p: sorted(offsets) for p, offsets in by_partition.items()}
+        assert merged == {p: list(range(produced[p])) for p in range(n)}, "lost or repeated"
+        assert timeline.overlaps() == []
+    finally:
+        stop_producing.set()
+        for m in members:
+            m.stop()
+
+
+def test_fenced_during_a_consume_call_drops_without_moving_the_position(
+    embedded_kafka: EmbeddedKafka,
+) -> None:
+    """The network loop fences a partition while consume() waits inside librdkafka, which
+    then returns new records of it: they are dropped, its position stays after the last
+    delivered record (librdkafka's own counted the dropped ones), and after unfencing they
+    come again, none skipped."""
+    topic = "cp-inflight"
+    embedded_kafka.create_topic(topic, partitions=2)
+    for p in (0, 1):
+        embedded_kafka.produce(topic, [f"{p}-{i}".encode() for i in range(10)], partition=p)
+    fetcher = Fetcher({"bootstrap.servers": embedded_kafka.bootstrap_servers,
+                       "group.id": "cp-inflight-g", "auto.offset.reset": "earliest"})  # fmt: skip
+    seen: Seen = {}
+    try:
+        fetcher.assign({(topic, 0): None, (topic, 1): None})
+        _take(lambda: fetcher.consume(100, 0.2), seen, 20, "the first records")
+        assert fetcher.positions() == {(topic, 0): 10, (topic, 1): 10}
+
+        def fence_then_produce() -> None:
+            time.sleep(0.5)  # consume() below is waiting inside librdkafka by now
+            fetcher.fence([(topic, 0)])
+            embedded_kafka.produce(topic, [f"0-{i}".encode() for i in range(10, 15)], partition=0)
+
+        helper = threading.Thread(target=fence_then_produce)
+        helper.start()
+        deadline = time.monotonic() + 30
+        # librdkafka's own position reaches 15 once the new records were returned (dropped).
+        while fetcher.consumer.position([TopicPartition(topic, 0)])[0].offset != 15:
+            assert time.monotonic() < deadline, "the records produced while fenced never came"
+            assert fetcher.consume(100, 3.0) == [], "a fenced partition's record was handed out"
+        helper.join()
+        assert fetcher.positions() == {(topic, 0): 10, (topic, 1): 10}
+        assert fetcher.leader_epoch((topic, 0)) >= 0
+        fetcher.unfence([(topic, 0)])
+        seen.clear()
+        _take(lambda: fetcher.consume(100, 0.2), seen, 5, "the records dropped while fenced")
+        assert seen == {0: [10, 11, 12, 13, 14]}
+        assert fetcher.positions() == {(topic, 0): 15, (topic, 1): 10}
+    finally:
+        fetcher.close()
+
+
+def test_fenced_between_consume_calls_keeps_the_position_for_revocation(
+    embedded_kafka: EmbeddedKafka,
+) -> None:
+    """Fenced between calls (a revocation pending): later batches drop its records, its
+    position (what the revocation commit carries, with the last record's epoch) stays; the
+    other partition's position moves on; after unassign it has none."""
+    topic = "cp-fence"
+    embedded_kafka.create_topic(topic, partitions=2)
+    for p in (0, 1):
+        embedded_kafka.produce(topic, [f"{p}-{i}".encode() for i in range(100)], partition=p)
+    fetcher = Fetcher({"bootstrap.servers": embedded_kafka.bootstrap_servers,
+                       "group.id": "cp-fence-g", "auto.offset.reset": "earliest"})  # fmt: skip
+    seen: Seen = {}
+    try:
+        fetcher.assign({(topic, 0): None, (topic, 1): None})
+        while len(seen.get(0, [])) < 5 or len(seen.get(1, [])) < 5:
+            _take(lambda: fetcher.consume(7, 0.2), seen, sum(map(len, seen.values())) + 1,
+                  "the first records of both partitions")  # fmt: skip
+        before = _expected(seen)
+        epoch = fetcher.leader_epoch((topic, 0))
+        fetcher.fence([(topic, 0)])
+        fetcher.seek((topic, 1), before[1])  # any other change keeps partition 0 fenced
+        assert fetcher.positions() == {(topic, 0): before[0]}
+        later: Seen = {}
+        _take(lambda: fetcher.consume(50, 0.2), later, 100 - before[1], "the other partition")
+        assert set(later) == {1}, "a fenced partition's record was handed out"
+        assert fetcher.positions() == {(topic, 0): before[0], (topic, 1): 100}
+        assert fetcher.committable()[(topic, 0)] == (before[0], epoch)
+        fetcher.unassign([(topic, 0)])
+        assert fetcher.positions() == {(topic, 1): 100}
+    finally:
+        fetcher.close()
