@@ -24,7 +24,8 @@ native partition before it takes a batch; ``consume()`` for native partitions fe
 the call. The network loop thread may fence a partition while a ``consume()`` call is inside
 librdkafka: that batch's records of it are dropped and its position becomes its first record
 there, where it stood before the batch (only offsets without a deliverable record can lie
-between). A partition becomes native again with an explicit position (assign, seek,
+between), with that record's leader epoch (the one case where the epoch is not that of the
+last record delivered: that record is not known any more). A partition becomes native again with an explicit position (assign, seek,
 rewind), or when ``consume()``, before a call, finds librdkafka's position equal to its own
 while it is fetchable and nothing of it is buffered.
 
