@@ -25,9 +25,10 @@ the call. The network loop thread may fence a partition while a ``consume()`` ca
 librdkafka: that batch's records of it are dropped and its position becomes its first record
 there, where it stood before the batch (only offsets without a deliverable record can lie
 between), with that record's leader epoch (the one case where the epoch is not that of the
-last record delivered: that record is not known any more). A partition becomes native again with an explicit position (assign, seek,
-rewind), or when ``consume()``, before a call, finds librdkafka's position equal to its own
-while it is fetchable and nothing of it is buffered.
+last record delivered: that record is not known any more). A partition becomes native
+again with an explicit position (assign, seek, rewind), or when ``consume()``, before a
+call, finds librdkafka's position equal to its own while it is fetchable and nothing of it
+is buffered.
 
 librdkafka moves its position while it returns a batch, before the fetcher has decided
 which records of it to hand out: ``_flight`` is held by the application thread across every
