@@ -5,7 +5,10 @@ Ownership intervals come from each incarnation's callbacks: ``assign`` opens one
 and ``lost`` close it. An incarnation killed with SIGKILL has its open intervals end at the
 kill. One that was SIGSTOPped and later reports ``lost`` had been fenced by the broker one
 session timeout after it stopped heartbeating, so its intervals open at the stop end then
-(or at the ``lost``, if earlier).
+(or at the ``lost``, if earlier). With a heartbeat trace (below) "stopped heartbeating" is
+read from the trace rather than taken to be the stop: a heartbeat can hang unanswered from
+well before the stop (a paused replica holds the coordinator's answers), and the broker
+expires the session one session after the last heartbeat it read.
 
 On a real cluster the driver also cuts members off from the coordinator: it SIGKILLs or
 SIGSTOPs the coordinator's node. A member that reports ``lost`` after such a fault began was
@@ -263,13 +266,16 @@ def intervals(inc: Incarnation, session_s: float, interval_s: float = 0.0) -> li
             # by up to one interval)
             stops = [(s, "fenced") for s in inc.stopped_at if start <= s <= t]
             stops += [(s, "fenced_unreachable") for s in inc.cut_off_at if start <= s <= t]
-            if stops:
-                first, kind = min(stops)
-                t = min(t, first + session_s - interval_s)
-            elif _traced(inc):
+            if traced:
+                # its trace says when it last heartbeated (a heartbeat can hang from well
+                # before a stop, e.g. behind a paused replica)
                 bound = _fencing_bound(inc, start, t, session_s, interval_s)
                 if bound is not None and bound < t:
-                    kind, t = "fenced_running", max(start, bound)
+                    kind = min(stops)[1] if stops else "fenced_running"
+                    t = max(start, bound)
+            elif stops:
+                first, kind = min(stops)
+                t = min(t, first + session_s - interval_s)
         elif kind == "revoke":
             error_at = _fencing_commit_error(inc, start, t)
             if error_at is not None:
@@ -278,6 +284,7 @@ def intervals(inc: Incarnation, session_s: float, interval_s: float = 0.0) -> li
                     kind, t, lost_at = "fenced_commit", max(start, min(t, bound)), error_at
         out.append(Interval(inc.name, p, start, t, kind, lost_at))
 
+    traced = _traced(inc)
     last_t = 0.0
     for ev in inc.events:
         last_t = ev["t"]
@@ -293,13 +300,16 @@ def intervals(inc: Incarnation, session_s: float, interval_s: float = 0.0) -> li
                     close(p, ev["t"], kind)
     for p in list(open_):
         if inc.killed_at is not None:
-            end = inc.killed_at
+            end = lost_at = inc.killed_at
             start = open_[p]
             # a stop before this ownership began (the member was resumed since) does not end it
             stops = [s for s in inc.stopped_at if start <= s <= end]
-            if stops:
+            bound = _fencing_bound(inc, start, end, session_s, interval_s) if traced else None
+            if bound is not None:
+                end = max(start, min(end, bound))
+            elif stops:
                 end = min(end, stops[-1] + session_s - interval_s)
-            out.append(Interval(inc.name, p, open_.pop(p), end, "kill"))
+            out.append(Interval(inc.name, p, open_.pop(p), end, "kill", lost_at))
         else:
             out.append(Interval(inc.name, p, open_.pop(p), last_t, "open"))
     return out

@@ -498,3 +498,27 @@ def test_checker_ends_ownership_of_a_member_fenced_by_a_heartbeat_at_that_heartb
     assert summary.zombie_windows == 1 and "fenced_running" in summary.examples["zombie windows"][0]
     assert check(fenced_while_running(1.65, trace)).violations == {"overlaps": 1}
     assert check(fenced_while_running(3.0, trace[:-1])).violations == {"overlaps": 1}
+
+
+def test_checker_reads_when_a_stopped_or_killed_member_last_heartbeated_from_its_trace() -> None:
+    """a's heartbeat sent at 1.2 was answered; the one sent at 1.7 hung (a paused replica held
+    the coordinator's answers) until a was SIGSTOPped at 5.0 (or SIGKILLed at 9.0). The broker
+    expired a one session after the last heartbeat it read: from 7.2 on at the earliest, not
+    one session after the stop. b from 7.3 is a zombie window, b at 7.0 an overlap; without a
+    trace the stop bounds it (5.0 + 6 s - 0.5 s) and b at 7.3 is an overlap."""
+    trace = [ev(1.25, "hb", "a/1", err=0, sent=1.2),
+             ev(5.5, "hb", "a/1", fail="KafkaTimeoutError: timed out", sent=1.7)]  # fmt: skip
+
+    def run(b_at: float, trace: list[dict[str, Any]], end: str) -> Any:
+        events = [e for e in fenced_while_running(b_at, trace) if e["ev"] != "lost"]
+        if end == "lost":
+            events.append(ev(9.0, "lost", "a/1", parts=[0]))
+            return check(events, [ev(5.0, "stop", "a/1"), ev(8.9, "cont", "a/1")])
+        return check(events, [ev(9.0, "kill", "a/1")])
+
+    for end in ("lost", "kill"):
+        summary = run(7.3, trace, end)
+        assert summary.violations == {}, (end, summary.examples)
+        assert summary.zombie_windows == 1 and abs(summary.zombie_max_s - 1.7) < 1e-6, end
+        assert run(7.0, trace, end).violations == {"overlaps": 1}, end
+    assert run(7.3, [], "lost").violations == {"overlaps": 1}
