@@ -1,12 +1,14 @@
 """Where a coordinator failover's time goes: this SDK vs confluent-kafka, phase by phase.
 
-    python -m bench.failover_phases --pairs N [--members 5] [--partitions 20] [--out F.json]
+    python -m bench.failover_phases --pairs N [--fault stop|kill] [--only sdk|confluent]
+                                    [--members 5] [--partitions 20] [--out F.json]
 
 One real 3-node Apache Kafka (``KafkaCluster``, ``KAFKA_HOME``; heartbeat interval 500 ms,
 session 3 s, as bench/convergence.py). Each run is the failover step of
 `bench.convergence.run_scenarios` alone: ``--members`` members own ``--partitions``
 partitions, a new member subscribes and at that moment the group coordinator's node gets a
-controlled shutdown (in a thread); the node is started again afterwards. The SDK and
+controlled shutdown (in a thread; ``--fault kill``: SIGKILL); the node is started again
+afterwards. The SDK and
 confluent-kafka (``group.protocol=consumer``) alternate, in interleaved order.
 
 Every member is traced on one wall clock: the SDK through `MemberNetwork.heartbeat_trace` and
@@ -18,6 +20,10 @@ Per run it prints, in ms from the fault's start (min..max over members):
   error first, COORDINATOR_NOT_AVAILABLE and such);
 - ``hb``: the first heartbeat answered without error after that (and the number of
   COORDINATOR_LOAD_IN_PROGRESS answers on the way);
+- ``found->sent``: from that FindCoordinator answer to the first heartbeat sent to the new
+  node (backoff left from failures at the old one);
+- ``cb``: from the heartbeat answer that brought the new member its partitions to its
+  ``on_assign`` (the application thread's reaction time);
 - ``join``: the new member's first assignment; ``conv``: the assignment complete and
   exclusive again (what bench/convergence.py measures).
 """
@@ -248,6 +254,7 @@ def _phases(run: _Run, t0: float, old_node: int, joiner: _Proc, t_conv: float) -
 
     first_err, fc_ok, hb_ok = [], [], []
     timelines: list[list[dict[str, Any]]] = []
+    gaps: list[float] = []  # the new coordinator found -> the first heartbeat sent to it
     fc_errors = load_retries = hb_fails = 0
     reasons: dict[str, int] = {}
     for proc in run.procs:
@@ -260,8 +267,11 @@ def _phases(run: _Run, t0: float, old_node: int, joiner: _Proc, t_conv: float) -
         timelines.append([{**e, "at": ms(e["at"]), **({"sent": ms(e["sent"])} if "sent" in e
                                                       else {})} for e in events
                           if e["at"] >= t0 - 1.0])  # fmt: skip
-        err_at = fc_at = ok_at = None
+        err_at = fc_at = ok_at = gap_at = None
         for e in after:
+            if (fc_at is not None and gap_at is None and e["ev"] == "hb"
+                    and e.get("node") not in (None, old_node) and e["sent"] >= fc_at):  # fmt: skip
+                gap_at = e["sent"]
             if e["ev"] == "hb" and (e.get("fail") or e.get("err")):
                 hb_fails += 1
                 why = e.get("fail") or str(e.get("err"))
@@ -286,6 +296,8 @@ def _phases(run: _Run, t0: float, old_node: int, joiner: _Proc, t_conv: float) -
             fc_ok.append(ms(fc_at))
         if ok_at is not None:
             hb_ok.append(ms(ok_at))
+        if gap_at is not None and fc_at is not None:
+            gaps.append(round((gap_at - fc_at) * 1000, 1))
     joined = next(
         (e["at"] for e in joiner.events if e["ev"] == "owned" and e["owned"] and e["at"] >= t0),
         None,
@@ -298,14 +310,14 @@ def _phases(run: _Run, t0: float, old_node: int, joiner: _Proc, t_conv: float) -
     callback = round(joined_ms - before[-1], 1) if joined_ms is not None and before else None
     return {
         "err": first_err, "fc": fc_ok, "hb": hb_ok, "join": ms(joined), "conv": ms(t_conv),
-        "callback": callback,
+        "callback": callback, "gap": gaps,
         "fc_errors": fc_errors, "load_retries": load_retries, "hb_fails": hb_fails,
         "reasons": reasons, "timelines": timelines,
     }  # fmt: skip
 
 
 def run_once(kind: str, kafka: Any, members: int, partitions: int, workdir: Path,
-             sdk_logs: bool) -> dict[str, Any]:  # fmt: skip
+             sdk_logs: bool, fault: str = "stop") -> dict[str, Any]:  # fmt: skip
     """The failover step once for ``kind``; the stopped node is started again after."""
     run = _Run(kind, kafka, partitions, workdir)
     try:
@@ -320,7 +332,8 @@ def run_once(kind: str, kafka: Any, members: int, partitions: int, workdir: Path
         if not joiner.ready.wait(60):
             raise TimeoutError("the new member did not start")
         t0 = time.time()
-        stopper = threading.Thread(target=kafka.stop_node, args=(old,), daemon=True)
+        action = kafka.stop_node if fault == "stop" else kafka.kill_node
+        stopper = threading.Thread(target=action, args=(old,), daemon=True)
         stopper.start()
         t_conv = run.wait_converged()
         time.sleep(1.0)  # late events (answers in flight)
@@ -344,7 +357,8 @@ def _line(kind: str, r: dict[str, Any]) -> str:
     return (f"{kind:<9} conv {r['conv']:7.0f}  join {r['join'] or -1:7.0f}"
             f"  err {_span(r['err']):>11}"
             f"  fc {_span(r['fc']):>11} ({r['fc_errors']} err)  hb {_span(r['hb']):>11}"
-            f"  ({r['load_retries']} load)  cb {r['callback']}  {r['reasons']}")  # fmt: skip
+            f"  ({r['load_retries']} load)  found->sent {_span(r['gap'])}  cb {r['callback']}"
+            f"  {r['reasons']}")  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -357,6 +371,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--members", type=int, default=5)
     parser.add_argument("--partitions", type=int, default=20)
     parser.add_argument("--only", choices=("sdk", "confluent"))
+    parser.add_argument(
+        "--fault",
+        choices=("stop", "kill"),
+        default="stop",
+        help="the coordinator's node: controlled shutdown (the benchmark's) or SIGKILL",
+    )
     parser.add_argument("--sdk-logs", action="store_true", help="SDK members log at DEBUG")
     parser.add_argument("--workdir", help="keep the members' logs here")
     parser.add_argument("--out", help="write every run's phases here (JSON)")
@@ -373,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
             for kind in kinds:
                 if ns.only and kind != ns.only:
                     continue
-                r = run_once(kind, kafka, ns.members, ns.partitions, workdir, ns.sdk_logs)
+                r = run_once(kind, kafka, ns.members, ns.partitions, workdir, ns.sdk_logs, ns.fault)
                 results[kind].append(r)
                 print(_line(kind, r), flush=True)
     print(f"logs: {workdir}")
@@ -382,13 +402,14 @@ def main(argv: list[str] | None = None) -> int:
             continue
         row = {k: statistics.mean([r[k] for r in runs if r[k] is not None] or [float("nan")])
                for k in ("conv", "join", "callback")}  # fmt: skip
-        for k in ("err", "fc", "hb"):
+        for k in ("err", "fc", "hb", "gap"):
             maxes = [max(r[k]) for r in runs if r[k]]
             row[f"{k}_last"] = statistics.mean(maxes) if maxes else float("nan")
         print(f"{kind:<9} mean over {len(runs)}: conv {row['conv']:.0f} ms, join {row['join']:.0f}"
               f", answer->on_assign {row['callback']:.0f}, last member's first error "
               f"{row['err_last']:.0f}, new coordinator found "
-              f"{row['fc_last']:.0f}, answered there {row['hb_last']:.0f}")  # fmt: skip
+              f"{row['fc_last']:.0f}, answered there {row['hb_last']:.0f}, longest wait from "
+              f"found to sent {row['gap_last']:.0f}")  # fmt: skip
     if results["sdk"] and results["confluent"]:
         sdk = statistics.mean(r["conv"] for r in results["sdk"])
         ck = statistics.mean(r["conv"] for r in results["confluent"])
