@@ -2,7 +2,7 @@
 come from librdkafka's application position when asked. These tests pin what that position
 must be (the offset after the last record handed to the application, or an explicit one)
 through batches, fencing, seeks, revocation and mixed poll()/consume(), against EmbeddedKafka
-and against confluent-kafka itself."""
+(tests taking ``kafka_backend``: and the real broker) and against confluent-kafka itself."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import confluent_kafka
 
 from consumer_sdk import Consumer, KafkaException, TopicPartition
 from consumer_sdk.runtime.fetcher import Fetcher
-from consumer_sdk.testing import EmbeddedKafka
+from consumer_sdk.testing import EmbeddedKafka, KafkaCluster
 from tests.runtime.harness import Timeline, config, wait_for
 
 Seen = dict[int, list[int]]  # partition -> offsets delivered, in order
@@ -98,15 +98,15 @@ def test_consume_batches_then_commit_and_position_match_last_delivered(
 
 
 def test_seek_between_consume_batches_matches_confluent_kafka(
-    embedded_kafka: EmbeddedKafka,
+    kafka_backend: EmbeddedKafka | KafkaCluster,
 ) -> None:
     """The same sequence on this SDK and on confluent-kafka, one partition so both get the
     same records: positions after batches, after a seek (unknown until the next record),
     after the next record and after seeking forward are equal."""
     topic = "cp-seek"
-    embedded_kafka.create_topic(topic, partitions=1)
-    embedded_kafka.produce(topic, [f"v{i}".encode() for i in range(200)], partition=0)
-    conf = {"bootstrap.servers": embedded_kafka.bootstrap_servers, "enable.auto.commit": False,
+    kafka_backend.create_topic(topic, partitions=1)
+    kafka_backend.produce(topic, [f"v{i}".encode() for i in range(200)], partition=0)
+    conf = {"bootstrap.servers": kafka_backend.bootstrap_servers, "enable.auto.commit": False,
             "auto.offset.reset": "earliest"}  # fmt: skip
     ours = Consumer({**conf, "group.id": "cp-seek-sdk"})
     theirs = confluent_kafka.Consumer({**conf, "group.id": "cp-seek-raw"})
@@ -139,15 +139,17 @@ def test_seek_between_consume_batches_matches_confluent_kafka(
         theirs.close()
 
 
-def test_poll_and_consume_mixed_keep_exact_positions(embedded_kafka: EmbeddedKafka) -> None:
+def test_poll_and_consume_mixed_keep_exact_positions(
+    kafka_backend: EmbeddedKafka | KafkaCluster,
+) -> None:
     """poll() buffers a batch from librdkafka that consume() must not count as delivered;
     alternating them (with a pause/resume between) keeps every position exact and every
     partition's records in order, none skipped or repeated."""
     topic, n = "cp-mixed", 3
-    embedded_kafka.create_topic(topic, partitions=n)
+    kafka_backend.create_topic(topic, partitions=n)
     for p in range(n):
-        embedded_kafka.produce(topic, [f"{p}-{i}".encode() for i in range(400)], partition=p)
-    consumer = Consumer(config(embedded_kafka, "cp-mixed-g", enable_auto_commit=False))
+        kafka_backend.produce(topic, [f"{p}-{i}".encode() for i in range(400)], partition=p)
+    consumer = Consumer(config(kafka_backend, "cp-mixed-g", enable_auto_commit=False))
     seen: Seen = {}
     try:
         consumer.assign([TopicPartition(topic, p) for p in range(n)])
@@ -215,21 +217,21 @@ class _ConsumeMember:
 
 
 def test_revocation_mid_stream_hands_partitions_over_exactly(
-    embedded_kafka: EmbeddedKafka,
+    kafka_backend: EmbeddedKafka | KafkaCluster,
 ) -> None:
     """A consume() member loses partitions to a joining member while records keep coming:
     the revocation commit is its last delivered offset + 1 (records it fenced and dropped are
     not counted), so the next owner starts right there: every partition's records are
     delivered once, in order, across the two owners."""
     topic, group, n = "cp-revoke", "cp-revoke-g", 4
-    embedded_kafka.create_topic(topic, partitions=n)
+    kafka_backend.create_topic(topic, partitions=n)
     produced = [0] * n
     stop_producing = threading.Event()
 
     def produce() -> None:
         while not stop_producing.is_set():
             for p in range(n):
-                embedded_kafka.produce(topic, [f"{p}-{produced[p] + i}".encode()
+                kafka_backend.produce(topic, [f"{p}-{produced[p] + i}".encode()
                                                for i in range(40)], partition=p)  # fmt: skip
                 produced[p] += 40
             time.sleep(0.05)
@@ -239,10 +241,10 @@ def test_revocation_mid_stream_hands_partitions_over_exactly(
     members: list[_ConsumeMember] = []
     try:
         producer.start()
-        members.append(_ConsumeMember("a", config(embedded_kafka, group), topic, timeline))
+        members.append(_ConsumeMember("a", config(kafka_backend, group), topic, timeline))
         wait_for(lambda: len(members[0].owned) == n and len(members[0].records) > 200,
                  timeout=60, what="member a consuming every partition")  # fmt: skip
-        members.append(_ConsumeMember("b", config(embedded_kafka, group), topic, timeline))
+        members.append(_ConsumeMember("b", config(kafka_backend, group), topic, timeline))
         wait_for(lambda: members[1].owned and members[0].owned and
                  {p for p, _, _ in members[1].records} == members[1].owned,
                  timeout=60, what="member b consuming the partitions it took over")  # fmt: skip
