@@ -348,3 +348,43 @@ def test_fenced_between_consume_calls_keeps_the_position_for_revocation(
         assert fetcher.positions() == {(topic, 1): 100}
     finally:
         fetcher.close()
+
+
+def test_auto_commit_commits_consume_positions_while_the_application_waits_in_consume(
+    embedded_kafka: EmbeddedKafka,
+) -> None:
+    """The loop thread's auto-commit reads librdkafka's positions only between consume()
+    calls' batches: an application that keeps waiting inside consume() (idle, no records)
+    must not starve it."""
+    topic, group, n = "cp-autocommit", "cp-autocommit-g", 3
+    embedded_kafka.create_topic(topic, partitions=n)
+    for p in range(n):
+        embedded_kafka.produce(topic, [f"{p}-{i}".encode() for i in range(50)], partition=p)
+    consumer = Consumer(config(embedded_kafka, group, auto_commit_interval_ms=300))
+    seen: Seen = {}
+    try:
+        consumer.subscribe([topic])
+        _take(lambda: consumer.consume(500, 0.2), seen, 50 * n, "every record")
+        stop = threading.Event()
+        errors: list[BaseException] = []
+
+        def keep_consuming() -> None:
+            while not stop.is_set():
+                try:
+                    assert consumer.consume(500, 1.0) == []
+                except BaseException as exc:  # surfaced below
+                    errors.append(exc)
+                    return
+
+        app = threading.Thread(target=keep_consuming)
+        app.start()
+        try:
+            wait_for(lambda: _raw_committed(embedded_kafka, group, topic, n)
+                     == {p: (50, 0) for p in range(n)} or None,
+                     timeout=60, what="auto-commit of every partition's position")  # fmt: skip
+        finally:
+            stop.set()
+            app.join(10)
+        assert errors == []
+    finally:
+        consumer.close()
