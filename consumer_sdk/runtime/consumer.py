@@ -38,7 +38,8 @@ __all__ = ["Consumer"]
 log = logging.getLogger("consumer_sdk.runtime")
 
 # The longest the application thread waits inside librdkafka before it looks for work the
-# network loop queued (callbacks, commit results): the latency of noticing a rebalance.
+# network loop queued (callbacks, commit results); around heartbeat answers it waits in
+# rebalance slices (`Consumer._slice`).
 _FETCH_SLICE_S = 0.02
 # While a rebalance is under way, wait on the fetcher in short slices so that callbacks the
 # the network loop asks for run promptly (each rebalance step is an application-thread hop).
@@ -222,9 +223,16 @@ class Consumer(GroupMember):
         self._config.callbacks["stats_cb"](json.dumps(stats))
 
     def _slice(self) -> float:
+        """How long to wait inside librdkafka before looking for work the network loop
+        queued. Rebalance work comes from heartbeat answers: short waits while one is
+        awaited, and a wait that ends just after the next one is due."""
+        net = self._net
         if self._core.background_events or self._core.state in _REBALANCING:
             return _REBALANCE_SLICE_S
-        return _FETCH_SLICE_S
+        if net.heartbeat_in_flight:
+            return _REBALANCE_SLICE_S
+        until = max(net.heartbeat_due - time.monotonic(), 0.0)
+        return min(_FETCH_SLICE_S, until + _REBALANCE_SLICE_S)
 
     def position(self, partitions: Sequence[TopicPartition]) -> list[TopicPartition]:
         """Next offset to be returned per partition (OFFSET_INVALID if unknown)."""

@@ -257,6 +257,11 @@ class MemberNetwork:
         #: Diagnostics: called on the loop thread with each heartbeat's outcome,
         #: ``(request, sent wall-clock time, response or None, error or None)``.
         self.heartbeat_trace: HeartbeatTrace | None = None
+        # Read by the application thread to time its waits (`Consumer._slice`): a heartbeat
+        # is on the wire, and when (monotonic s) the next one is due. Its answers are where
+        # rebalance work for the application comes from.
+        self.heartbeat_in_flight = False
+        self.heartbeat_due = 0.0
         # The coordinator socket the last heartbeat was answered on (see _run_locked).
         self._hb_conn: tuple[int, int] | None = None
         # The coordinator the last heartbeat went to (see _coordinator_found).
@@ -560,6 +565,7 @@ class MemberNetwork:
         result = core.poll(now)
         if result.request is not None:
             self._send_heartbeat(result.request)
+        self.heartbeat_due = time.monotonic() + result.next_poll_ms / 1000
         wait = 0 if core.app_events else result.next_poll_ms
         if needed and not waiting:
             wait = min(wait, coord.time_until_next_poll(now, True, _IDLE_MS))
@@ -727,6 +733,7 @@ class MemberNetwork:
 
     def _send_heartbeat(self, request: HeartbeatRequest) -> None:
         call = HeartbeatCall(request, _ENCODER, self._client_id)
+        self.heartbeat_in_flight = True
         target = self.coordinator.coordinator
         if target is not None:
             self._hb_target = (target.node_id, target.host, target.port)
@@ -802,6 +809,9 @@ class MemberNetwork:
             wait_ms = core.time_until_next_poll(now) if quiet else 0
             fence = self._on_fence is not None and not quiet
             pending = set(core.pending_revocation) if fence else set()
+            if quiet:
+                self.heartbeat_due = time.monotonic() + wait_ms / 1000
+            self.heartbeat_in_flight = False
         # Fenced, fatal or stale: the partitions are lost now, not when on_lost runs in the
         # next poll(); records of theirs still buffered must not reach the application.
         if pending:

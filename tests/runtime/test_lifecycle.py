@@ -592,3 +592,30 @@ def test_regex_python_syntax_is_not_validated_client_side(kafka: EmbeddedKafka) 
     finally:
         c.close(timeout=0)
 
+
+def test_a_stable_members_waits_end_just_after_its_next_heartbeat(kafka: EmbeddedKafka) -> None:
+    """poll() and consume() wait inside librdkafka in slices and look for rebalance work in
+    between; that work comes from heartbeat answers. A stable member's slice ends just after
+    its next heartbeat is due and is short while an answer is awaited, so an assignment
+    reaches on_assign within a few ms of its answer (librdkafka: 2-4 ms), not one whole
+    slice later."""
+    kafka.create_topic("slices", partitions=1)
+    c = Consumer(_conf(kafka, "slices"))
+    try:
+        c.subscribe(["slices"])
+        _poll_until(c, lambda: c.state is MemberState.STABLE, "stable")
+        seen = []
+        net = c._net
+        deadline = time.monotonic() + 3 * HB_MS / 1000
+        while time.monotonic() < deadline:
+            with net.lock:  # the loop thread updates both under it
+                in_flight, due, got = net.heartbeat_in_flight, net.heartbeat_due, c._slice()
+            seen.append((in_flight, due - time.monotonic(), got))
+            time.sleep(0.001)
+        for in_flight, until, got in seen:
+            expected = 0.005 if in_flight else min(0.02, max(until, 0.0) + 0.005)
+            assert abs(got - expected) < 2e-3, (in_flight, until, got)
+        assert any(got < 0.015 for _, _, got in seen), "no wait was shortened by a heartbeat"
+        assert max(got for _, _, got in seen) <= 0.02
+    finally:
+        c.close()
