@@ -260,10 +260,9 @@ def intervals(inc: Incarnation, session_s: float, interval_s: float = 0.0) -> li
         start = open_.pop(p)
         lost_at = t
         if kind == "lost":
-            # fenced while stopped: the broker dropped it one session after the stop
-            # fenced after a SIGSTOP of its own or its coordinator's node: the broker dropped
-            # it one session after the earlier of the two (its last heartbeat may precede that
-            # by up to one interval)
+            # fenced after a SIGSTOP of its own or of its coordinator's node: the broker
+            # dropped it one session after the earlier of the two (its last heartbeat may
+            # precede that by up to one interval), or, traced, after its last heartbeat
             stops = [(s, "fenced") for s in inc.stopped_at if start <= s <= t]
             stops += [(s, "fenced_unreachable") for s in inc.cut_off_at if start <= s <= t]
             if traced:
