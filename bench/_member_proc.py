@@ -13,7 +13,26 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
+
+Callback = Callable[[Any, list[Any]], None]
+
+
+def ownership_callbacks(emit: Callable[[dict[str, Any]], None]) -> tuple[Callback, Callback]:
+    """``on_assign`` and ``on_revoke`` (also ``on_lost``) keeping the partitions owned and
+    emitting ``{"ev": "owned", "owned": [...]}`` after each."""
+    owned: set[int] = set()
+
+    def on_assign(_: Any, parts: list[Any]) -> None:
+        owned.update(p.partition for p in parts)
+        emit({"ev": "owned", "owned": sorted(owned)})
+
+    def on_revoke(_: Any, parts: list[Any]) -> None:
+        owned.difference_update(p.partition for p in parts)
+        emit({"ev": "owned", "owned": sorted(owned)})
+
+    return on_assign, on_revoke
 
 
 def main() -> None:
@@ -26,7 +45,6 @@ def main() -> None:
             format="%(created).3f %(threadName)s %(name)s %(levelname)s %(message)s",
         )
     conf = {"bootstrap.servers": bootstrap, "group.id": group, "auto.offset.reset": "earliest"}
-    owned: set[int] = set()
     lock = threading.Lock()
 
     def emit(event: dict[str, Any]) -> None:
@@ -36,14 +54,7 @@ def main() -> None:
             sys.stdout.write(json.dumps(event) + "\n")
             sys.stdout.flush()
 
-    def on_assign(_: Any, parts: list[Any]) -> None:
-        owned.update(p.partition for p in parts)
-        emit({"ev": "owned", "owned": sorted(owned)})
-
-    def on_revoke(_: Any, parts: list[Any]) -> None:
-        owned.difference_update(p.partition for p in parts)
-        emit({"ev": "owned", "owned": sorted(owned)})
-
+    on_assign, on_revoke = ownership_callbacks(emit)
     if kind == "sdk":
         from consumer_sdk import Consumer
 

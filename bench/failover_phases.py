@@ -46,6 +46,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench._member_proc import ownership_callbacks
+
 HEARTBEAT_MS, SESSION_MS = 500, 3000
 
 
@@ -64,16 +66,7 @@ def _member(kind: str, bootstrap: str, group: str, topic: str, log_file: str) ->
 
     conf: dict[str, Any] = {"bootstrap.servers": bootstrap, "group.id": group,
                             "auto.offset.reset": "earliest"}  # fmt: skip
-    owned: set[int] = set()
-
-    def on_assign(_: Any, parts: list[Any]) -> None:
-        owned.update(p.partition for p in parts)
-        emit({"ev": "owned", "owned": sorted(owned)})
-
-    def on_revoke(_: Any, parts: list[Any]) -> None:
-        owned.difference_update(p.partition for p in parts)
-        emit({"ev": "owned", "owned": sorted(owned)})
-
+    on_assign, on_revoke = ownership_callbacks(emit)
     consumer: Any
     if kind == "sdk":
         if log_file:

@@ -62,6 +62,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from consumer_sdk.error_codes import ErrorCode
+
 Partition = int
 
 #: driver events counted as chaos actions (``stop``: a member SIGSTOPped past its session)
@@ -314,8 +316,10 @@ def intervals(inc: Incarnation, session_s: float, interval_s: float = 0.0) -> li
     return out
 
 
-#: commit errors that prove the broker no longer had the member (it had been fenced)
-FENCING_COMMIT_ERRORS = ("UNKNOWN_MEMBER_ID", "FENCED_MEMBER_EPOCH")
+#: errors with which the broker tells a member it no longer has it (it had been fenced)
+FENCING_ERRORS = (ErrorCode.UNKNOWN_MEMBER_ID, ErrorCode.FENCED_MEMBER_EPOCH)
+#: the same, as a commit error's text names them
+FENCING_COMMIT_ERRORS = tuple(code.name for code in FENCING_ERRORS)
 
 
 def _fencing_commit_error(inc: Incarnation, start: float, end: float) -> float | None:
@@ -329,10 +333,6 @@ def _fencing_commit_error(inc: Incarnation, start: float, end: float) -> float |
 
 def _traced(inc: Incarnation) -> bool:
     return any(ev["ev"] == "hb" for ev in inc.events)
-
-
-#: heartbeat errors with which the broker tells a member it fenced it
-FENCING_HEARTBEAT_ERRORS = (25, 110)  # UNKNOWN_MEMBER_ID, FENCED_MEMBER_EPOCH
 
 
 def _fencing_bound(
@@ -361,7 +361,7 @@ def _fencing_bound(
     last_ok: float = max(answered)
     bound = last_ok + session_s
     later = [ev for ev in beats if (ev.get("sent") or 0.0) > last_ok]
-    if any(ev["ev"] == "hb" and ev.get("err") in FENCING_HEARTBEAT_ERRORS for ev in later):
+    if any(ev["ev"] == "hb" and ev.get("err") in FENCING_ERRORS for ev in later):
         bound = min([bound, *(ev["sent"] for ev in later)])
     return max([bound, *commits])
 
@@ -373,8 +373,8 @@ _LIBRDKAFKA_HEARTBEAT = re.compile(
 )
 #: librdkafka's texts of the fencing heartbeat errors
 _LIBRDKAFKA_FENCING = {
-    "Broker: Unknown member": 25,
-    "Broker: The member epoch is fenced by the group coordinator": 110,
+    "Broker: Unknown member": ErrorCode.UNKNOWN_MEMBER_ID,
+    "Broker: The member epoch is fenced by the group coordinator": ErrorCode.FENCED_MEMBER_EPOCH,
 }
 
 
@@ -397,7 +397,7 @@ def librdkafka_heartbeats(lines: Iterable[str]) -> list[dict[str, Any]]:
             out.append({"t": t, "ev": "hb_sent", "inc": inc, "sent": t})
         elif m["error"] is not None:
             out.append({"t": t, "ev": "hb", "inc": inc, "sent": sent.get(inc),
-                        "err": _LIBRDKAFKA_FENCING.get(m["error"], -1)})  # fmt: skip
+                        "err": int(_LIBRDKAFKA_FENCING.get(m["error"], -1))})  # fmt: skip
         else:
             out.append({"t": t, "ev": "hb", "inc": inc, "mid": m["mid"], "err": 0,
                         "resp_ep": int(m["ep"]), "sent": sent.get(inc)})  # fmt: skip

@@ -227,9 +227,8 @@ class Consumer(GroupMember):
         queued. Rebalance work comes from heartbeat answers: short waits while one is
         awaited, and a wait that ends just after the next one is due."""
         net = self._net
-        if self._core.background_events or self._core.state in _REBALANCING:
-            return _REBALANCE_SLICE_S
-        if net.heartbeat_in_flight:
+        core = self._core
+        if core.background_events or core.state in _REBALANCING or net.heartbeat_in_flight:
             return _REBALANCE_SLICE_S
         until = max(net.heartbeat_due - time.monotonic(), 0.0)
         return min(_FETCH_SLICE_S, until + _REBALANCE_SLICE_S)
