@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from consumer_sdk import Consumer, KafkaException, TopicPartition
+from consumer_sdk.runtime.fetcher import Fetcher
 from consumer_sdk.testing import wait_until
 
 Partition = tuple[str, int]
@@ -134,3 +135,13 @@ def config(kafka: Any, group: str, **extra: Any) -> dict[str, Any]:
     }
     base.update({k.replace("_", "."): v for k, v in extra.items()})
     return base
+
+
+def fetcher_over(kafka: Any, topic: str, per_partition: int, partitions: int = 2) -> Fetcher:
+    """A new topic of ``partitions`` partitions, each holding ``per_partition`` records
+    ``"<partition>-<i>"``, and an unassigned Fetcher (group ``<topic>-g``, from the earliest)."""
+    kafka.create_topic(topic, partitions=partitions)
+    for p in range(partitions):
+        kafka.produce(topic, [f"{p}-{i}".encode() for i in range(per_partition)], partition=p)
+    return Fetcher({"bootstrap.servers": kafka.bootstrap_servers, "group.id": f"{topic}-g",
+                    "auto.offset.reset": "earliest"})  # fmt: skip

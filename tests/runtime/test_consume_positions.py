@@ -14,9 +14,8 @@ from typing import Any
 import confluent_kafka
 
 from consumer_sdk import Consumer, KafkaException, TopicPartition
-from consumer_sdk.runtime.fetcher import Fetcher
 from consumer_sdk.testing import EmbeddedKafka, KafkaCluster
-from tests.runtime.harness import Timeline, config, wait_for
+from tests.runtime.harness import Timeline, config, fetcher_over, wait_for
 
 Seen = dict[int, list[int]]  # partition -> offsets delivered, in order
 
@@ -279,11 +278,7 @@ def test_fenced_during_a_consume_call_drops_without_moving_the_position(
     delivered record (librdkafka's own counted the dropped ones), and after unfencing they
     come again, none skipped."""
     topic = "cp-inflight"
-    embedded_kafka.create_topic(topic, partitions=2)
-    for p in (0, 1):
-        embedded_kafka.produce(topic, [f"{p}-{i}".encode() for i in range(10)], partition=p)
-    fetcher = Fetcher({"bootstrap.servers": embedded_kafka.bootstrap_servers,
-                       "group.id": "cp-inflight-g", "auto.offset.reset": "earliest"})  # fmt: skip
+    fetcher = fetcher_over(embedded_kafka, topic, 10)
     seen: Seen = {}
     try:
         fetcher.assign({(topic, 0): None, (topic, 1): None})
@@ -321,11 +316,7 @@ def test_fenced_between_consume_calls_keeps_the_position_for_revocation(
     position (what the revocation commit carries, with the last record's epoch) stays; the
     other partition's position moves on; after unassign it has none."""
     topic = "cp-fence"
-    embedded_kafka.create_topic(topic, partitions=2)
-    for p in (0, 1):
-        embedded_kafka.produce(topic, [f"{p}-{i}".encode() for i in range(100)], partition=p)
-    fetcher = Fetcher({"bootstrap.servers": embedded_kafka.bootstrap_servers,
-                       "group.id": "cp-fence-g", "auto.offset.reset": "earliest"})  # fmt: skip
+    fetcher = fetcher_over(embedded_kafka, topic, 100)
     seen: Seen = {}
     try:
         fetcher.assign({(topic, 0): None, (topic, 1): None})

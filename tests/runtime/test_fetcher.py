@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from consumer_sdk.runtime.fetcher import Fetcher
 from consumer_sdk.testing import EmbeddedKafka
-from tests.runtime.harness import wait_for
+from tests.runtime.harness import fetcher_over, wait_for
 
 
 def test_fence_drops_then_unfence_rewinds_without_loss(embedded_kafka: EmbeddedKafka) -> None:
@@ -58,11 +58,7 @@ def test_poll_buffer_keeps_order_across_pause_seek_and_unassign(
     """poll() takes records from librdkafka in batches: what it buffered must follow
     pause/resume (held, then delivered in order), seek (dropped) and unassign (dropped)."""
     topic = "fetch-buffer"
-    embedded_kafka.create_topic(topic, partitions=2)
-    for p in (0, 1):
-        embedded_kafka.produce(topic, [f"{p}-{i}".encode() for i in range(300)], partition=p)
-    fetcher = Fetcher({"bootstrap.servers": embedded_kafka.bootstrap_servers,
-                       "group.id": "fetch-buffer-g", "auto.offset.reset": "earliest"})  # fmt: skip
+    fetcher = fetcher_over(embedded_kafka, topic, 300)
     try:
         fetcher.assign({(topic, 0): None, (topic, 1): None})
         got = _drain(fetcher, 1)
