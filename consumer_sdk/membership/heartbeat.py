@@ -120,6 +120,7 @@ class HeartbeatTiming:
         return self._attempts
 
     def on_send(self, now_ms: int) -> None:
+        """A heartbeat on the regular schedule went out: the next is due one interval later."""
         self._timer_deadline_ms = now_ms + self.interval_ms
 
     def on_success(self, now_ms: int) -> None:
@@ -161,10 +162,12 @@ class HeartbeatTiming:
         self._first_immediate = False
         self._timer_deadline_ms = None
 
-    def update_interval(self, interval_ms: int, now_ms: int) -> None:
+    def update_interval(self, interval_ms: int, sent_ms: int) -> None:
+        """The broker's interval, from the answer to a heartbeat sent at ``sent_ms``; a
+        changed one counts from that send, as every interval does."""
         if interval_ms != self.interval_ms:
             self.interval_ms = interval_ms
-            self._timer_deadline_ms = now_ms + interval_ms
+            self._timer_deadline_ms = sent_ms + interval_ms
 
     def backoff_remaining(self, now_ms: int) -> int:
         if self._last_received_ms is None:
@@ -366,11 +369,18 @@ class HeartbeatRequestManager:
 
     def _send(self, now_ms: int, kind: _Kind) -> HeartbeatRequest:
         m = self._m
+        # An acknowledgement sent before the interval is up leaves the regular schedule as it
+        # is: restarting the interval (as the Java client does) would delay what the next
+        # heartbeat brings, such as the partitions a new member gets once the others have
+        # released them, by the callbacks' time. (librdkafka does not acknowledge an empty
+        # first assignment at all, so its schedule does not move either.)
+        off_schedule = m.state is S.ACKNOWLEDGING and self._timing.interval_remaining(now_ms) > 0
         request = self._build() if kind is _Kind.REGULAR else self._build_plain()
         self._in_flight.append(_InFlight(request, kind, now_ms, m.generation))
         if kind is _Kind.REGULAR:
             self._regular_count += 1
-        self._timing.on_send(now_ms)
+        if not off_schedule:
+            self._timing.on_send(now_ms)
         self._metrics.record_heartbeat_sent(now_ms)
         if LOGGER.isEnabledFor(logging.DEBUG):
             m.log.debug("Sending %s heartbeat %s", kind.value, request)
@@ -491,7 +501,7 @@ class HeartbeatRequestManager:
         stale = record.generation != m.generation
         if response.error_code == E.NONE:
             if response.heartbeat_interval_ms > 0:
-                self._timing.update_interval(response.heartbeat_interval_ms, now_ms)
+                self._timing.update_interval(response.heartbeat_interval_ms, record.sent_ms)
             self._timing.on_success(now_ms)
             if stale:
                 m.log.debug("Ignoring a heartbeat response from an earlier membership")

@@ -52,8 +52,8 @@ def test_interval_comes_from_the_broker() -> None:
     d.advance(10)
     d.respond(ok(1, interval=7000))
     assert d.core.heartbeat_interval_ms == 7000
-    # A changed interval restarts the timer from the response.
-    d.advance(6999)
+    # A changed interval counts from the send of the heartbeat that brought it.
+    d.advance(6989)
     assert d.hb() is None
     d.advance(1)
     assert d.hb() is not None
@@ -80,6 +80,35 @@ def test_acknowledging_heartbeats_immediately() -> None:
     assert d.core.time_until_next_poll(d.now) == 0
     ack = d.must_hb()  # no need to wait for the interval
     assert ack.topic_partitions is not None
+
+
+def test_an_acknowledgement_keeps_the_regular_schedule() -> None:
+    d = Driver()
+    d.metadata()
+    join_sent = d.now
+    d.join("t1")
+    d.advance(15)
+    d.respond(ok(1, {T1: [0]}))  # the first interval counts from the join's send
+    d.advance(25)  # the application's callbacks
+    d.app_poll()
+    d.run_callbacks()
+    ack = d.must_hb()
+    assert ack.topic_partitions is not None
+    d.advance(5)
+    d.respond(ok(1))
+    assert d.state is S.STABLE
+    assert d.core.time_until_next_poll(d.now) == join_sent + INTERVAL - d.now
+    d.advance(join_sent + INTERVAL - d.now - 1)
+    assert d.hb() is None
+    d.advance(1)
+    regular = d.must_hb()
+    assert regular.topic_partitions is None
+    # A regular heartbeat restarts the interval.
+    d.respond(ok(1))
+    d.advance(INTERVAL - 1)
+    assert d.hb() is None
+    d.advance(1)
+    assert d.hb() is not None
 
 
 def test_skipping_heartbeat_when_unsubscribed() -> None:
