@@ -289,24 +289,27 @@ class Consumer(GroupMember):
             self._revoking = self._stored_or_positions(parts)
         self._fetcher.unassign(parts)
 
-    def _before_assign(self, parts: list[Partition]) -> dict[Partition, int | None]:
+    def _before_assign(self, parts: list[Partition]) -> None:
         # Also pick up partitions whose earlier ASSIGNED callback failed: the core retries
         # with only the newly added ones, but the fetcher must start every owned partition.
         with self._core_lock:
             owned = set(self._core.assigned_partitions)
         parts = sorted(set(parts) | (owned - self._fetcher.assigned()))
-        if not parts:
-            self._assigning = {}
-            return {}
-        committed = self._fetch_committed(parts, self._request_timeout() * 5)
-        starts = {p: (o.offset if o is not None else None) for p, o in committed.items()}
-        self._assigning = dict(starts)
-        return starts
+        # None: start at the committed offset, looked up after on_assign (as librdkafka and
+        # the Java client do: the callback does not wait for the OffsetFetch, which a broker
+        # may hold until its pending group writes are replicated); seek() or
+        # incremental_assign() inside on_assign put an offset here instead.
+        self._assigning = dict.fromkeys(parts)
 
-    def _after_assign(self, starts: dict[Partition, int | None]) -> None:
-        # seek() / incremental_assign() offsets given inside on_assign win.
-        overrides, self._assigning = self._assigning or {}, None
-        starts = {p: overrides.get(p, o) for p, o in starts.items()}
+    def _after_assign(self) -> None:
+        starts, self._assigning = self._assigning or {}, None
+        need = [p for p, offset in starts.items() if offset is None]
+        if need:
+            # A failure here fails the callback: the core calls on_assign again.
+            committed = self._fetch_committed(need, self._request_timeout() * 5)
+            for p in need:
+                found = committed.get(p)
+                starts[p] = None if found is None else found.offset
         with self._store_lock:
             for p in starts:
                 self._stored.pop(p, None)

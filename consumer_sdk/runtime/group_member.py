@@ -445,9 +445,9 @@ class GroupMember:
                 self._before_revoke(parts, lost=True)
                 called = self._call(self._on_lost or self._on_revoke, parts)
             else:
-                starts = self._before_assign(parts)
+                self._before_assign(parts)
                 called = self._call(self._on_assign, parts)
-                self._after_assign(starts)
+                self._after_assign()
         except BaseException as exc:
             user_exc = exc
             error = f"{type(exc).__name__}: {exc}"
@@ -480,10 +480,10 @@ class GroupMember:
         if parts:
             self._net.forget_committed(set(parts))
 
-    def _before_assign(self, parts: list[Partition]) -> dict[Partition, int | None]:
-        return {}
+    def _before_assign(self, parts: list[Partition]) -> None:
+        return None
 
-    def _after_assign(self, starts: dict[Partition, int | None]) -> None:
+    def _after_assign(self) -> None:
         return None
 
     # -- commits ----------------------------------------------------------------------------

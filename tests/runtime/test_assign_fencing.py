@@ -47,8 +47,8 @@ class ProbingConsumer(Consumer):
         self.probe_armed = False
         self.probed: list[tuple[int, int]] = []
 
-    def _after_assign(self, starts: dict[tuple[str, int], int | None]) -> None:
-        super()._after_assign(starts)
+    def _after_assign(self) -> None:
+        super()._after_assign()
         if not self.probe_armed:
             return
         self.probe_armed = False

@@ -28,6 +28,8 @@ from tests.runtime.harness import config, wait_for
 
 API_CONSUMER_GROUP_HEARTBEAT = 68
 API_JOIN_GROUP = 11
+API_OFFSET_COMMIT = 8
+API_OFFSET_FETCH = 9
 
 Records = dict[int, list[int]]
 
@@ -439,6 +441,41 @@ def test_incremental_assign_in_on_assign_matches_confluent_kafka(
     try:
         ours, theirs = run(sdk), run(ref)
         assert ours == theirs == {0: 0, 1: 4, 2: 10}
+    finally:
+        _close(sdk, ref)
+
+
+def test_on_assign_runs_before_the_committed_offsets_are_looked_up(
+    embedded_kafka: EmbeddedKafka,
+) -> None:
+    """As in confluent-kafka, on_assign does not wait for the OffsetFetch of the partitions it
+    gets (a broker may hold that answer until its group writes are replicated); they still
+    start at the committed offset."""
+    topic = "dropin-assign-first"
+    embedded_kafka.create_topic(topic, partitions=2)
+    for p in range(2):
+        embedded_kafka.produce(topic, [f"{p}-{i}".encode() for i in range(10)], partition=p)
+
+    def run(consumer: Any) -> tuple[list[int], dict[int, int]]:
+        consumer.commit(offsets=[TopicPartition(topic, p, 6) for p in range(2)],
+                        asynchronous=False)  # fmt: skip
+        wait_for(lambda: bool(embedded_kafka.requests(API_OFFSET_COMMIT)), what="the commit")
+        embedded_kafka.clear_requests()
+        fetches_seen: list[int] = []
+
+        def on_assign(c: Any, partitions: list[TopicPartition]) -> None:
+            if partitions:
+                fetches_seen.append(len(embedded_kafka.requests(API_OFFSET_FETCH)))
+
+        consumer.subscribe([topic], on_assign=on_assign)
+        got = _drain(consumer, _has({0: 1, 1: 1}), "a record from every partition")
+        return fetches_seen, {p: offsets[0] for p, offsets in got.items()}
+
+    sdk = Consumer(config(embedded_kafka, "dropin-assign-first-sdk", enable_auto_commit=False))
+    ref = _reference(embedded_kafka, "dropin-assign-first-ref", enable_auto_commit=False)
+    try:
+        ours, theirs = run(sdk), run(ref)
+        assert ours == theirs == ([0], {0: 6, 1: 6})
     finally:
         _close(sdk, ref)
 
