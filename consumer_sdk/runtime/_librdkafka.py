@@ -1,4 +1,5 @@
-"""The one ctypes edge of the runtime: librdkafka's consumer group metadata serialization.
+"""The one ctypes edge of the runtime: librdkafka's consumer group metadata serialization,
+and waking a thread blocked in a ``confluent_kafka.Consumer``'s poll/consume.
 
 ``confluent_kafka.Producer.send_offsets_to_transaction`` takes the group metadata as the
 bytes that ``rd_kafka_consumer_group_metadata_write`` produces (confluent-kafka-python turns
@@ -20,7 +21,10 @@ from typing import Any
 
 import confluent_kafka
 
-__all__ = ["GroupMetadata", "LibrdkafkaError", "read_group_metadata", "write_group_metadata"]
+__all__ = [
+    "GroupMetadata", "LibrdkafkaError", "QueueWaker", "consumer_queue_waker",
+    "read_group_metadata", "write_group_metadata",
+]  # fmt: skip
 
 _c_void_p = ctypes.c_void_p
 _c_char_p = ctypes.c_char_p
@@ -44,7 +48,14 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "rd_kafka_error_string": (_c_char_p, [_c_void_p]),
     "rd_kafka_error_destroy": (None, [_c_void_p]),
     "rd_kafka_mem_free": (None, [_c_void_p, _c_void_p]),
+    "rd_kafka_name": (_c_char_p, [_c_void_p]),
+    "rd_kafka_type": (ctypes.c_int, [_c_void_p]),
+    "rd_kafka_queue_get_consumer": (_c_void_p, [_c_void_p]),
+    "rd_kafka_queue_yield": (None, [_c_void_p]),
+    "rd_kafka_queue_destroy": (None, [_c_void_p]),
 }  # fmt: skip
+
+_RD_KAFKA_CONSUMER = 1
 
 _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None
@@ -167,3 +178,51 @@ def read_group_metadata(data: bytes) -> GroupMetadata:
         )
     finally:
         lib.rd_kafka_consumer_group_metadata_destroy(cgmd)
+
+
+class QueueWaker:
+    """Ends the wait of a thread blocked in a consumer's ``poll()``/``consume()`` at once
+    (``rd_kafka_queue_yield`` on its consumer queue); a wake with no thread waiting ends the
+    next wait instead, so none is lost. Any thread; `close` before the consumer's close."""
+
+    def __init__(self, lib: ctypes.CDLL, queue: int) -> None:
+        self._lib = lib
+        self._queue: int | None = queue
+        self._lock = threading.Lock()
+
+    def wake(self) -> None:
+        with self._lock:
+            if self._queue is not None:
+                self._lib.rd_kafka_queue_yield(self._queue)
+
+    def close(self) -> None:
+        with self._lock:
+            queue, self._queue = self._queue, None
+        if queue is not None:
+            self._lib.rd_kafka_queue_destroy(queue)
+
+
+def consumer_queue_waker(consumer: confluent_kafka.Consumer, client_id: str) -> QueueWaker:
+    """A `QueueWaker` for ``consumer`` (whose ``client.id`` is ``client_id``).
+
+    confluent-kafka has no wake-up call, so this reads the ``rd_kafka_t`` handle that its
+    binding keeps right after the object header, and checks it before use: the header's type
+    must be the object's type, and librdkafka must name the handle a consumer of
+    ``client_id``. Raises `LibrdkafkaError` when any of that does not hold."""
+    lib = _library()
+    word = ctypes.sizeof(ctypes.c_ssize_t)
+    base = id(consumer)
+    if ctypes.c_void_p.from_address(base + word).value != id(type(consumer)):
+        raise LibrdkafkaError("unexpected object layout of confluent_kafka.Consumer")
+    handle = ctypes.c_void_p.from_address(base + word + ctypes.sizeof(_c_void_p)).value
+    if not handle:
+        raise LibrdkafkaError("the confluent_kafka.Consumer has no librdkafka handle")
+    name = (lib.rd_kafka_name(handle) or b"").decode(errors="replace")
+    if lib.rd_kafka_type(handle) != _RD_KAFKA_CONSUMER or not name.startswith(
+        f"{client_id}#consumer-"
+    ):
+        raise LibrdkafkaError(f"unexpected librdkafka handle {name!r} for client.id {client_id!r}")
+    queue = lib.rd_kafka_queue_get_consumer(handle)
+    if not queue:
+        raise LibrdkafkaError(f"{name} has no consumer queue")
+    return QueueWaker(lib, queue)

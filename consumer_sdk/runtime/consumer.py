@@ -39,8 +39,12 @@ log = logging.getLogger("consumer_sdk.runtime")
 
 # The longest the application thread waits inside librdkafka before it looks for work the
 # network loop queued (callbacks, commit results); around heartbeat answers it waits in
-# rebalance slices (`Consumer._slice`).
+# rebalance slices (`Consumer._slice`). Used when the fetcher cannot be woken.
 _FETCH_SLICE_S = 0.02
+# The same when the network loop ends the wait as it queues work (`Fetcher.wake`): a safety
+# bound only. Below 200 ms: confluent-kafka splits longer waits into chunks and goes on
+# waiting after a wake-up ends one.
+_WOKEN_SLICE_S = 0.1
 # While a rebalance is under way, wait on the fetcher in short slices so that callbacks the
 # the network loop asks for run promptly (each rebalance step is an application-thread hop).
 _REBALANCE_SLICE_S = 0.005
@@ -88,6 +92,8 @@ class Consumer(GroupMember):
         except BaseException:
             super().close(timeout=1.0)
             raise
+        if self._fetcher.wakeable:
+            self._net.app_waker = self._fetcher.wake
         self._store_lock = threading.Lock()
         # Offsets stored with store_offsets() (enable.auto.offset.store=false): what
         # auto-commit and commit() without arguments commit.
@@ -224,11 +230,16 @@ class Consumer(GroupMember):
 
     def _slice(self) -> float:
         """How long to wait inside librdkafka before looking for work the network loop
-        queued. Rebalance work comes from heartbeat answers: short waits while one is
-        awaited, and a wait that ends just after the next one is due."""
+        queued. When the loop cannot end the wait itself: rebalance work comes from heartbeat
+        answers, so short waits while one is awaited, and a wait that ends just after the
+        next one is due."""
         net = self._net
         core = self._core
-        if core.background_events or core.state in _REBALANCING or net.heartbeat_in_flight:
+        if core.background_events:
+            return _REBALANCE_SLICE_S
+        if net.app_waker is not None:
+            return _WOKEN_SLICE_S
+        if core.state in _REBALANCING or net.heartbeat_in_flight:
             return _REBALANCE_SLICE_S
         until = max(net.heartbeat_due - time.monotonic(), 0.0)
         return min(_FETCH_SLICE_S, until + _REBALANCE_SLICE_S)

@@ -58,6 +58,8 @@ from confluent_kafka import (
     TopicPartition,
 )
 
+from consumer_sdk.runtime._librdkafka import LibrdkafkaError, QueueWaker, consumer_queue_waker
+
 log = logging.getLogger("consumer_sdk.runtime")
 
 Partition = tuple[str, int]
@@ -89,6 +91,13 @@ class Fetcher:
 
     def __init__(self, config: Mapping[str, Any]) -> None:
         self._consumer = Consumer(dict(config))
+        self._waker: QueueWaker | None = None
+        try:
+            self._waker = consumer_queue_waker(
+                self._consumer, str(config.get("client.id", "rdkafka"))
+            )
+        except LibrdkafkaError as exc:
+            log.debug("fetcher: no wake-up for waits in librdkafka (%s)", exc)
         self._lock = threading.Lock()
         # See the module docstring: held across librdkafka calls that return records (and
         # the handling of their batch) and by readers of librdkafka's positions.
@@ -115,6 +124,17 @@ class Fetcher:
     @property
     def consumer(self) -> Consumer:
         return self._consumer
+
+    @property
+    def wakeable(self) -> bool:
+        """Whether `wake` ends a wait in `poll`/`consume` (else waits run their course)."""
+        return self._waker is not None
+
+    def wake(self) -> None:
+        """End the current (or else the next) wait of `poll`/`consume` now; any thread."""
+        waker = self._waker
+        if waker is not None:
+            waker.wake()
 
     def _refresh_fast(self) -> None:
         """(_lock held)"""
@@ -442,12 +462,13 @@ class Fetcher:
             with self._flight:
                 if self._native:  # their records are about to be buffered
                     self._materialize(set(self._native))
-                msgs = self._consumer.consume(POLL_BATCH, 0)
-                if not msgs:
-                    msg = self._consumer.poll(timeout)
-                    if msg is None:
-                        return None
-                    msgs = [msg]
+                # The wait comes first, so a wake-up (`wake`) ends it: a batch call on the
+                # empty queue would consume the wake-up and return nothing.
+                msg = self._consumer.poll(timeout)
+                if msg is None:
+                    return None
+                msgs = self._consumer.consume(POLL_BATCH - 1, 0)
+                msgs.insert(0, msg)
                 self._fill(msgs)
             buffer = self._buffer
         fetchable = self._fetchable
@@ -545,5 +566,7 @@ class Fetcher:
                 self._closed = True
                 self._buffer.clear()
                 self._held.clear()
+        if self._waker is not None:  # its queue reference must go before the consumer
+            self._waker.close()
         # Assign-only consumers leave no group; close() only stops librdkafka's threads.
         self._consumer.close()

@@ -262,6 +262,9 @@ class MemberNetwork:
         # rebalance work for the application comes from.
         self.heartbeat_in_flight = False
         self.heartbeat_due = 0.0
+        #: Set by a data plane whose application thread waits inside librdkafka: ends that
+        #: wait when work for the application is queued (any thread calls it).
+        self.app_waker: Callable[[], None] | None = None
         # The coordinator socket the last heartbeat was answered on (see _run_locked).
         self._hb_conn: tuple[int, int] | None = None
         # The coordinator the last heartbeat went to (see _coordinator_found).
@@ -429,9 +432,15 @@ class MemberNetwork:
             self._events.wait(timeout_s)
 
     def notify(self) -> None:
-        """Wake `wait_for_events` (from any thread)."""
+        """Wake `wait_for_events` and the data plane's wait (from any thread)."""
         with self._events:
             self._events.notify_all()
+        self._wake_app()
+
+    def _wake_app(self) -> None:
+        waker = self.app_waker
+        if waker is not None:
+            waker()
 
     def wake(self) -> None:
         """Run the member on the loop thread soon (from any thread)."""
@@ -485,6 +494,7 @@ class MemberNetwork:
             for w in waiters.values():
                 w.set()
             self._events.notify_all()
+        self._wake_app()
 
     def _with_lock(self, fn: Callable[[], None]) -> None:
         with self._lock:
@@ -653,6 +663,7 @@ class MemberNetwork:
         if self.core.background_events or self._results:
             with self._events:
                 self._events.notify_all()
+            self._wake_app()
 
     def _collect_results(self) -> None:
         with self._lock:
