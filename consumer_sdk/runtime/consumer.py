@@ -162,7 +162,10 @@ class Consumer(GroupMember):
                 self._core.background_events or self._app_callbacks or self._net.failure
             ) and (self._dispatch_background_events() and forever):
                 return self._fetcher.consume(num_messages, 0)
-            msgs = self._fetcher.consume(num_messages, max(min(wait, self._slice()), 0))
+            # librdkafka waits to fill the batch: at most a fetch slice, so records that are
+            # there go out soon (see docs/migration.md), even when a waker would allow longer.
+            slice_s = min(self._slice(), _FETCH_SLICE_S)
+            msgs = self._fetcher.consume(num_messages, max(min(wait, slice_s), 0))
             if msgs:
                 return msgs
             now = time.monotonic()
