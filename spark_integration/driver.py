@@ -66,6 +66,9 @@ _EMITTED_MEMORY = 64
 _CLOSE_TIMEOUT_S = 10.0
 _EXIT_WATCHDOG_S = 20.0
 _WATCH_INTERVAL_S = 0.1
+#: Poll slice while the member finishes reconciling its first assignment.
+_JOIN_SLICE_S = 0.005
+_RECONCILED_SOON = frozenset({MemberState.RECONCILING, MemberState.ACKNOWLEDGING})
 #: Bound on a synchronous commit's retries (a deleted topic's partitions fail retriably).
 _COMMIT_TIMEOUT_S = 5.0
 #: Errors meaning "this topic or partition does not exist (any more)".
@@ -230,8 +233,13 @@ class GroupReader:
             self._joined = False
             self._start_watcher()
         if wait and not self._joined:
+            started = time.monotonic()
             self._wait_stable(self._member)
             self._joined = True
+            ms = round((time.monotonic() - started) * 1000)
+            log.info("kip848: group %s: assignment reconciled in %d ms: %s",
+                     self.options.group_id, ms, _names(self._owned))  # fmt: skip
+            self._event("stable", sorted(self._owned), ms=ms, epoch=self._member.member_epoch)
         return self._member
 
     def _await_startup(self) -> set[Partition]:
@@ -278,10 +286,15 @@ class GroupReader:
             time.sleep(min(0.5, remaining))
 
     def _wait_stable(self, member: Any) -> None:
-        """Poll until the member has reconciled its first assignment (bounded)."""
+        """Poll until the member has reconciled its first assignment (bounded).
+
+        A poll returns as soon as a rebalance callback ran, but the step after it (the
+        member acknowledging its assignment: ACKNOWLEDGING, then STABLE) queues no callback:
+        once reconciling, poll in short slices so the query does not wait out a long one.
+        """
         deadline = time.monotonic() + self.options.join_timeout_ms / 1000
         while True:
-            self._poll(member, 0.1)
+            self._poll(member, _JOIN_SLICE_S if member.state in _RECONCILED_SOON else 0.1)
             if member.state is MemberState.STABLE and (
                 member.member_epoch > 0 or not self.options.membership
             ):

@@ -106,6 +106,31 @@ def test_batches_commit_what_is_durable_and_are_rate_limited(embedded_kafka: Emb
     assert kinds[0] == "start" and "revoke" in kinds and kinds[-1] == "close"
 
 
+def test_initial_offset_waits_for_the_reconciled_assignment(embedded_kafka: EmbeddedKafka) -> None:
+    """initialOffset returns once the member is STABLE with its whole assignment (not while
+    it is still acknowledging it), and the event log says when."""
+    topic, group = "gr-join", "gr-join-g"
+    embedded_kafka.create_topic(topic, partitions=PARTS)
+    produce(embedded_kafka, topic, PARTS, 5, "a")
+    reader = GroupReader(options(embedded_kafka, group, topic))
+    try:
+        start = SourceOffset.from_json(reader.initial_offset())
+        member = reader.member
+        assert member.state.name == "STABLE" and member.member_epoch > 0
+        everything = {(topic, p) for p in range(PARTS)}
+        assert reader.owned == everything == set(start.positions)
+        kinds = [e["kind"] for e in reader.events]
+        assert kinds[:3] == ["start", "assign", "stable"], kinds
+        stable = reader.events[2]
+        assert stable["partitions"] == [f"{topic}:{p}" for p in range(PARTS)]
+        assert stable["epoch"] == member.member_epoch
+        query = FakeQuery(reader)
+        query.drain()
+        assert sorted(query.sink) == sorted(all_records(embedded_kafka, topic, PARTS))
+    finally:
+        reader.close()
+
+
 def test_revocation_between_batches_hands_off_exactly(embedded_kafka: EmbeddedKafka) -> None:
     topic, group = "gr-handoff", "gr-handoff-g"
     embedded_kafka.create_topic(topic, partitions=PARTS)

@@ -107,8 +107,9 @@ def test_available_now_with_rate_limit_headers_and_min_partitions(
     for p in range(PARTS):
         embedded_kafka.produce(topic, [(f"k{i}", f"v{p}-{i}") for i in range(250)],
                                partition=p, headers=[("origin", b"test")])  # fmt: skip
+    log = tmp_path / "events.jsonl"
     df = reader(spark, embedded_kafka, group, topic, maxOffsetsPerTrigger=300,
-                includeHeaders="true", minPartitions=8)  # fmt: skip
+                includeHeaders="true", minPartitions=8, eventLog=str(log))  # fmt: skip
     query = (df.writeStream.format("memory").queryName("src_avail")
              .option("checkpointLocation", str(tmp_path / "ck"))
              .trigger(availableNow=True).start())  # fmt: skip
@@ -126,6 +127,12 @@ def test_available_now_with_rate_limit_headers_and_min_partitions(
         assert [(h.key, h.value) for h in first.headers] == [("origin", b"test")]
         # The last batch never gets commit(): its end is committed by the next latestOffset.
         assert committed(embedded_kafka, group, topic, PARTS) == sink_positions(coords)
+        # The member reconciled its whole assignment before the first batch was planned.
+        kinds = [e["kind"] for e in events(log)]
+        assert kinds.index("assign") < kinds.index("stable") < kinds.index("commit"), kinds
+        stable = next(e for e in events(log) if e["kind"] == "stable")
+        assert sorted(stable["partitions"]) == [f"{topic}:{p}" for p in range(PARTS)]
+        assert stable["epoch"] > 0 and stable["ms"] >= 0
     finally:
         stop(query)
 
