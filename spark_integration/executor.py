@@ -260,21 +260,35 @@ def _data_loss(task: ReadTask, r: OffsetRange, message: str) -> None:
 def read_range(task: ReadTask) -> Iterator[pa.RecordBatch]:
     """Yield the task's ranges as Arrow record batches in the Kafka source schema.
 
-    Small ranges of one task are combined into batches of up to ``arrow_batch_size``
-    rows: each batch costs Spark a round of Arrow IPC and JVM conversion.
+    Every partition's consumer is positioned (assigned, or seeked when it stopped
+    elsewhere) before the first range is read, so their fetches run at once instead of
+    one round trip after another (a task of a small batch reads many short ranges, often
+    with consumers last used by another task). Small ranges of one task are combined into
+    batches of up to ``arrow_batch_size`` rows: each batch costs Spark a round of Arrow IPC
+    and JVM conversion.
     """
     schema = arrow_schema(task.include_headers)
+    ranges = [r for r in task.ranges if r.size > 0]
+    primed: dict[int, _Cached] = {}  # index of a partition's first range -> its consumer
+    firsts: dict[tuple[str, int], int] = {}
+    for i, r in enumerate(ranges):
+        firsts.setdefault(r.tp, i)
     pending: list[pa.RecordBatch] = []
     rows = 0
-    for r in task.ranges:
-        if r.size <= 0:
-            continue
-        for batch in _read_one(task, r, schema):
-            if rows + batch.num_rows > task.arrow_batch_size and pending:
-                yield _concat(pending)
-                pending, rows = [], 0
-            pending.append(batch)
-            rows += batch.num_rows
+    try:
+        for i in firsts.values():
+            primed[i] = _position(task, ranges[i])
+        for i, r in enumerate(ranges):
+            for batch in _read_one(task, r, schema, primed.pop(i, None)):
+                if rows + batch.num_rows > task.arrow_batch_size and pending:
+                    yield _concat(pending)
+                    pending, rows = [], 0
+                pending.append(batch)
+                rows += batch.num_rows
+    finally:
+        for i, entry in primed.items():  # not read (an error, or the reader stopped early)
+            entry.next_offset = -1
+            _checkin(task.config, ranges[i].topic, ranges[i].partition, entry)
     if pending:
         yield _concat(pending)
 
@@ -283,17 +297,30 @@ def _concat(batches: list[pa.RecordBatch]) -> pa.RecordBatch:
     return batches[0] if len(batches) == 1 else pa.concat_batches(batches)
 
 
-def _read_one(task: ReadTask, r: OffsetRange, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+def _position(task: ReadTask, r: OffsetRange) -> _Cached:
+    """A consumer of ``r``'s partition positioned at ``r.from_offset`` (fetching from there)."""
     entry = _checkout(task.config, r.topic, r.partition)
     tp = TopicPartition(r.topic, r.partition, r.from_offset)
-    clean = False
     try:
         if entry.assigned is None:
             entry.consumer.assign([tp])
             entry.assigned = tp
         elif entry.next_offset != r.from_offset:
             entry.consumer.seek(tp)  # drops whatever was prefetched
-        entry.next_offset = -1
+    except BaseException:
+        _close(entry)
+        raise
+    entry.next_offset = -1
+    return entry
+
+
+def _read_one(
+    task: ReadTask, r: OffsetRange, schema: pa.Schema, entry: _Cached | None = None
+) -> Iterator[pa.RecordBatch]:
+    if entry is None:
+        entry = _position(task, r)
+    clean = False
+    try:
         yield from _consume(entry, task, r, schema)
         # Continue without a seek next time only if the consumer stopped exactly at the end.
         pos = entry.consumer.position([TopicPartition(r.topic, r.partition)])[0].offset

@@ -82,3 +82,62 @@ def test_one_task_reads_several_ranges(embedded_kafka: EmbeddedKafka) -> None:
     got = list(zip(table.column("partition").to_pylist(), table.column("offset").to_pylist(),
                    strict=True))  # fmt: skip
     assert got == [(0, o) for o in range(20)] + [(1, o) for o in range(5, 10)] + [(2, 19)]
+
+
+def test_a_task_positions_its_consumers_up_front_and_returns_unread_ones(
+    embedded_kafka: EmbeddedKafka,
+) -> None:
+    """Consumers are positioned for every partition before the first range is read: rows
+    stay exact across seeks back and forth, a partition twice in one task, and a reader
+    stopped early, which returns the consumers it positioned to the pool."""
+    from spark_integration.executor import (
+        ReadTask,
+        cached_consumers,
+        close_cached_consumers,
+        read_range,
+    )
+
+    topic, parts = "ex-prime", 4
+    embedded_kafka.create_topic(topic, partitions=parts)
+    for p in range(parts):
+        embedded_kafka.produce(topic, [f"v{p}-{i}".encode() for i in range(50)], partition=p)
+    opts = SourceOptions.parse({"kafka.bootstrap.servers": embedded_kafka.bootstrap_servers,
+                                "group.id": "ex-prime-g", "subscribe": topic})  # fmt: skip
+
+    def task(ranges: list[tuple[int, int, int]], size: int = 1000) -> ReadTask:
+        return ReadTask.make([OffsetRange(topic, p, a, b) for p, a, b in ranges],
+                             opts.fetch_config("executor"), include_headers=False,
+                             fail_on_data_loss=True, poll_timeout_ms=10_000,
+                             arrow_batch_size=size)  # fmt: skip
+
+    def rows(t: ReadTask) -> list[tuple[int, int]]:
+        table = pa.Table.from_batches(list(read_range(t)))
+        return list(zip(table.column("partition").to_pylist(), table.column("offset").to_pylist(),
+                        strict=True))  # fmt: skip
+
+    close_cached_consumers()
+    try:
+        assert rows(task([(p, 0, 20) for p in range(parts)])) == [
+            (p, o) for p in range(parts) for o in range(20)
+        ]
+        assert cached_consumers() == parts
+        mixed = [(0, 30, 40), (0, 40, 45), (1, 5, 15), (2, 20, 25), (3, 45, 50)]
+        assert rows(task(mixed)) == [(p, o) for p, a, b in mixed for o in range(a, b)]
+        assert cached_consumers() == parts
+        early = task([(0, 0, 10), (1, 0, 10), (2, 0, 10)], size=5)
+        reader = read_range(early)
+        first = next(reader)
+        assert first.column("offset").to_pylist() == [0, 1, 2, 3, 4]
+        # While partition 0 is read, partitions 1 and 2 already have their consumers out
+        # (positioned, fetching); only partition 3's idles in the pool.
+        assert cached_consumers() == 1
+        # Spark stopped reading: the consumer cut off mid-range is closed, the ones positioned
+        # for partitions 1 and 2 go back to the pool.
+        reader.close()
+        assert cached_consumers() == parts - 1
+        assert rows(early) == [(p, o) for p in range(3) for o in range(10)]
+        assert cached_consumers() == parts
+        assert rows(task([(3, 0, 3)])) == [(3, 0), (3, 1), (3, 2)]
+    finally:
+        close_cached_consumers()
+    assert cached_consumers() == 0
