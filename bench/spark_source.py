@@ -10,7 +10,9 @@ Against one EmbeddedKafka broker (4 partitions, 100-byte values), in one run:
 * **direct**: one connected assign-only ``confluent_kafka.Consumer`` reads every partition
   from 0 to its high watermark and builds ``pyarrow.RecordBatch``es in the Kafka source
   schema (``records_to_batch``), in this process: what any Python reader of these offsets
-  costs without Spark.
+  costs without Spark. It has the source's librdkafka fetch settings, asks ``consume()``
+  for no more records than are left, and is timed on its second read (the first warms it,
+  as the warm-up query and batch read warm the source).
 * **source**: a ``Trigger.AvailableNow`` query with a ``noop`` sink reads the same offsets
   in one micro-batch (4 tasks), after a warm-up query (Python workers started). Rows/s are
   computed from the batch's ``triggerExecution`` time, and from the whole query's wall time.
@@ -19,6 +21,12 @@ Against one EmbeddedKafka broker (4 partitions, 100-byte values), in one run:
   member's poll, a commit and the watermark lookups), against a **no-op Python streaming
   source** planned as ONE input partition that yields 1000 prepared rows per trigger, on
   the same session and sink: Spark's own floor for a Python source.
+* **one-batch wall time, broken down**: the one-batch query's wall time split into what
+  comes before its first trigger (query start, the stream-reader process, the group
+  member's join and assignment, ``prepareForTriggerAvailableNow``), the triggers, and what
+  follows (the final empty trigger, stop, the member's leave); the same for the no-op
+  source reading the same number of rows in one batch planned as the same number of tasks:
+  Spark's floor for that query shape, and the wall-time ratio it alone would allow.
 
 Absolute numbers on shared machines are noise; the ratios within one run are the figures.
 """
@@ -31,6 +39,7 @@ import statistics
 import sys
 import tempfile
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -47,8 +56,9 @@ def _noop_source() -> Any:
     from spark_integration import kafka_schema
 
     class NoopReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # type: ignore[misc]
-        def __init__(self, rows: int, batches: int) -> None:
+        def __init__(self, rows: int, batches: int, tasks: int) -> None:
             self.rows, self.batches, self.target = rows, batches, rows * batches
+            self.tasks = tasks
 
         def initialOffset(self) -> dict[str, int]:
             return {"n": 0}
@@ -60,7 +70,9 @@ def _noop_source() -> Any:
             return {"n": min(start["n"] + self.rows, self.target)}
 
         def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[Any]:
-            return [InputPartition((start["n"], end["n"]))]
+            lo, hi = start["n"], end["n"]
+            step = -(-(hi - lo) // self.tasks)
+            return [InputPartition((a, min(a + step, hi))) for a in range(lo, hi, step)]
 
         def read(self, partition: Any) -> Any:
             import pyarrow as pa
@@ -86,19 +98,36 @@ def _noop_source() -> Any:
             return kafka_schema()
 
         def streamReader(self, schema: Any) -> NoopReader:
-            return NoopReader(int(self.options["rows"]), int(self.options["batches"]))
+            return NoopReader(int(self.options["rows"]), int(self.options["batches"]),
+                              int(self.options.get("tasks", 1)))  # fmt: skip
 
     return NoopSource
 
 
-def _noop_query(spark: Any, rows: int, batches: int, workdir: Path) -> list[dict[str, Any]]:
+def _noop_query(
+    spark: Any, rows: int, batches: int, workdir: Path, tasks: int = 1
+) -> tuple[float, float, list[dict[str, Any]]]:
+    """(wall seconds, wall-clock start, progress of the batches with rows)."""
+    t0, started = time.time(), time.perf_counter()
     query = (
-        spark.readStream.format("noop1").option("rows", rows).option("batches", batches).load()
+        spark.readStream.format("noop1").option("rows", rows).option("batches", batches)
+        .option("tasks", tasks).load()
         .writeStream.format("noop").option("checkpointLocation", str(workdir / "noop1"))
         .trigger(availableNow=True).start()
     )  # fmt: skip
     query.awaitTermination(600)
-    return [p for p in query.recentProgress if p["numInputRows"]]
+    wall = time.perf_counter() - started
+    return wall, t0, [p for p in query.recentProgress if p["numInputRows"]]
+
+
+def _phases(wall: float, t0: float, progress: list[dict[str, Any]]) -> tuple[float, float, float]:
+    """A one-batch query's wall time as (before its first trigger, triggers, after them), s.
+
+    Progress ``timestamp`` is when a trigger started (UTC, ms)."""
+    first = datetime.strptime(progress[0]["timestamp"], "%Y-%m-%dT%H:%M:%S.%fZ")
+    before = first.replace(tzinfo=UTC).timestamp() - t0
+    triggers = sum(p["durationMs"]["triggerExecution"] for p in progress) / 1000
+    return before, triggers, wall - before - triggers
 
 
 def _spark() -> Any:
@@ -130,9 +159,14 @@ def _direct(bootstrap: str, topic: str) -> tuple[int, float]:
     from confluent_kafka import Consumer, TopicPartition
 
     from spark_integration.executor import records_to_batch
+    from spark_integration.options import _FETCH_DEFAULTS
 
+    # The same librdkafka fetch settings as the source's executor consumers: with the
+    # defaults a reader whose queue holds queued.min.messages backs off for a second
+    # (fetch.queue.backoff.ms), which a 160k-record read hits.
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench-direct",
-                         "enable.auto.commit": False, "enable.partition.eof": True})  # fmt: skip
+                         "enable.auto.commit": False, "enable.partition.eof": True,
+                         **_FETCH_DEFAULTS})  # fmt: skip
     try:
         ends = {
             p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
@@ -152,7 +186,11 @@ def _direct(bootstrap: str, topic: str) -> tuple[int, float]:
         while len(done) < PARTITIONS:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"the direct read stalled at {rows} rows")
-            msgs = [m for m in consumer.consume(10000, 1.0) if m.error() is None]
+            # Ask for no more than what is left: consume() waits out its whole timeout while
+            # it has fewer messages than asked for (the source's tasks ask the same way).
+            left = sum(ends.values()) - rows
+            msgs = [m for m in consumer.consume(max(min(10000, left), 1), 1.0)
+                    if m.error() is None]  # fmt: skip
             if msgs:
                 rows += records_to_batch(msgs).num_rows
                 for m in msgs:
@@ -166,7 +204,8 @@ def _direct(bootstrap: str, topic: str) -> tuple[int, float]:
 
 
 def _query(spark: Any, bootstrap: str, topic: str, group: str, max_per_trigger: int | None,
-           workdir: Path) -> tuple[float, list[dict[str, Any]]]:  # fmt: skip
+           workdir: Path) -> tuple[float, float, list[dict[str, Any]]]:  # fmt: skip
+    """(wall seconds, wall-clock start, progress of the batches with rows)."""
     stream = (
         spark.readStream.format("kip848")
         .option("kafka.bootstrap.servers", bootstrap)
@@ -176,7 +215,7 @@ def _query(spark: Any, bootstrap: str, topic: str, group: str, max_per_trigger: 
     )
     if max_per_trigger:
         stream = stream.option("maxOffsetsPerTrigger", max_per_trigger)
-    started = time.perf_counter()
+    t0, started = time.time(), time.perf_counter()
     query = (
         stream.load()
         .writeStream.format("noop")
@@ -186,7 +225,7 @@ def _query(spark: Any, bootstrap: str, topic: str, group: str, max_per_trigger: 
     )
     query.awaitTermination(600)
     wall = time.perf_counter() - started
-    return wall, [p for p in query.recentProgress if p["numInputRows"]]
+    return wall, t0, [p for p in query.recentProgress if p["numInputRows"]]
 
 
 def _step(text: str) -> None:
@@ -196,6 +235,8 @@ def _step(text: str) -> None:
 def run(quick: bool = False) -> dict[str, Any]:
     """Run the benchmark; return its figures (also printed by ``main``)."""
     from consumer_sdk.testing import EmbeddedKafka
+    from spark_integration.offsets import OffsetRange, pack_tasks
+    from spark_integration.options import SourceOptions
 
     # The mock broker keeps about 50k records per partition (older segments are deleted).
     records = 60_000 if quick else 160_000
@@ -216,8 +257,10 @@ def run(quick: bool = False) -> dict[str, Any]:
             _produce(bootstrap, "bench", records)
             _produce(bootstrap, "bench-small", small * small_batches, SMALL_PARTITIONS)
             _step("warm-up query")
-            cold_wall, _ = _query(spark, bootstrap, "bench-warm", "bench-warm", None, workdir)
-            _step("direct read")
+            cold_wall, _, _ = _query(spark, bootstrap, "bench-warm", "bench-warm", None, workdir)
+            _step("direct read (a warm-up read, then the timed one)")
+            # Warm like the source: its Python workers and executor consumers have read before.
+            _direct(bootstrap, "bench")
             rows, direct_s = _direct(bootstrap, "bench")
             assert rows == records, (rows, records)
             _step("warming executor consumers of the topic (a 4-record batch read)")
@@ -228,12 +271,12 @@ def run(quick: bool = False) -> dict[str, Any]:
              .option("endingOffsets", json.dumps({"bench": dict.fromkeys(
                  [str(p) for p in range(PARTITIONS)], 1)})).load().count())  # fmt: skip
             _step("one-batch query")
-            wall, progress = _query(spark, bootstrap, "bench", "bench-one", None, workdir)
+            wall, t0, progress = _query(spark, bootstrap, "bench", "bench-one", None, workdir)
             assert sum(p["numInputRows"] for p in progress) == records
             one_ms = sum(p["durationMs"]["triggerExecution"] for p in progress)
             read_ms = sum(p["durationMs"].get("addBatch", 0) for p in progress)
             _step("small-batch query")
-            small_wall, small_progress = _query(
+            small_wall, _, small_progress = _query(
                 spark, bootstrap, "bench-small", "bench-small", small, workdir
             )
             triggers = [p["durationMs"]["triggerExecution"] for p in small_progress]
@@ -241,8 +284,15 @@ def run(quick: bool = False) -> dict[str, Any]:
             per_row_ms = one_ms / records
             _step("no-op source, one input partition")
             _noop_query(spark, small, 3, workdir)  # warm-up
-            noop_progress = _noop_query(spark, small, small_batches, workdir / "n2")
+            _, _, noop_progress = _noop_query(spark, small, small_batches, workdir / "n2")
             noop = [p["durationMs"]["triggerExecution"] for p in noop_progress]
+            _step("no-op source, the one-batch query's shape")
+            # As many tasks as the kip848 source planned for the one batch.
+            tasks = len(pack_tasks(
+                [OffsetRange("bench", p, 0, records // PARTITIONS) for p in range(PARTITIONS)],
+                SourceOptions.rows_per_task,
+            ))  # fmt: skip
+            noop_wall, noop_t0, noop_one = _noop_query(spark, records, 1, workdir / "n3", tasks)
     finally:
         spark.stop()
     direct_rate = records / direct_s
@@ -256,6 +306,22 @@ def run(quick: bool = False) -> dict[str, Any]:
     out["ratio source / direct (trigger time)"] = round(source_rate / direct_rate, 2)
     out["ratio source / direct (query wall time)"] = round(source_wall_rate / direct_rate, 2)
     out["addBatch share of the one-batch trigger"] = round(read_ms / one_ms, 2)
+    out["one batch: query wall time, s"] = round(wall, 2)
+    before, during, after = _phases(wall, t0, progress)
+    out["one batch: before the first trigger / triggers / after, s"] = (
+        f"{before:.2f} / {during:.2f} / {after:.2f}"
+    )
+    out[f"no-op source, one batch of {records} rows in {tasks} tasks: query wall time, s"] = round(
+        noop_wall, 2
+    )
+    before, during, after = _phases(noop_wall, noop_t0, noop_one)
+    out["no-op source, one batch: before the first trigger / triggers / after, s"] = (
+        f"{before:.2f} / {during:.2f} / {after:.2f}"
+    )
+    out["ratio kip848 / no-op source, one-batch query wall time"] = round(wall / noop_wall, 2)
+    out["wall-time ratio the no-op source alone reaches (its rows/s / direct)"] = round(
+        records / noop_wall / direct_rate, 2
+    )
     out[f"micro-batches of {small} rows from {SMALL_PARTITIONS} partitions: count"] = len(triggers)
     out[f"micro-batches of {small} rows: mean trigger ms"] = round(statistics.mean(triggers), 1)
     out[f"micro-batches of {small} rows: median trigger ms"] = round(statistics.median(triggers), 1)
