@@ -1,8 +1,9 @@
 """One group member in its own process, for the convergence benchmark.
 
 argv: kind (sdk | confluent) bootstrap group topic. Prints JSON lines to stdout:
-{"ev": "ready", "t": ...} after subscribing, {"ev": "owned", "t": ..., "owned": [...]} after
-every callback. Exits when stdin closes (graceful close) or when killed (a crash).
+{"ev": "constructed"} once the consumer exists, {"ev": "ready", "t": ...} after subscribing
+(on a "subscribe" line from stdin), {"ev": "owned", "t": ..., "owned": [...]} after every
+callback. Exits when stdin closes (graceful close) or when killed (a crash).
 """
 
 from __future__ import annotations
@@ -64,6 +65,12 @@ def main() -> None:
 
         extra = {"debug": "cgrp", "logger": logging.getLogger("librdkafka")} if log_dir else {}
         consumer = confluent_kafka.Consumer({**conf, "group.protocol": "consumer", **extra})
+    # Members started together subscribe together: process start-up (imports) varies by
+    # hundreds of ms and would otherwise stagger their joins.
+    emit({"ev": "constructed"})
+    if sys.stdin.readline().strip() != "subscribe":
+        consumer.close()
+        return
     consumer.subscribe([topic], on_assign=on_assign, on_revoke=on_revoke, on_lost=on_revoke)
     emit({"ev": "ready"})
     stop = threading.Event()

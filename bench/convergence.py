@@ -31,6 +31,7 @@ HERE = Path(__file__).resolve().parent
 class Proc:
     popen: subprocess.Popen[str]
     owned: set[int] = field(default_factory=set)
+    constructed: threading.Event = field(default_factory=threading.Event)
     ready_at: float | None = None
     alive: bool = True
 
@@ -56,6 +57,15 @@ class Group:
             new.append(proc)
         with self.lock:
             self.procs.extend(new)
+        # Then all subscribe at once (see _member_proc.py).
+        deadline = time.monotonic() + 60
+        for proc in new:
+            if not proc.constructed.wait(max(deadline - time.monotonic(), 0)):
+                raise TimeoutError(f"{self.kind}: a member process did not start")
+        for proc in new:
+            assert proc.popen.stdin is not None
+            proc.popen.stdin.write("subscribe\n")
+            proc.popen.stdin.flush()
         return new
 
     def _read(self, proc: Proc) -> None:
@@ -63,7 +73,9 @@ class Group:
         for line in proc.popen.stdout:
             event: dict[str, Any] = json.loads(line)
             with self.lock:
-                if event["ev"] == "ready":
+                if event["ev"] == "constructed":
+                    proc.constructed.set()
+                elif event["ev"] == "ready":
                     proc.ready_at = event["t"]
                 elif event["ev"] == "owned":
                     proc.owned = set(event["owned"])
