@@ -160,6 +160,11 @@ def _librdkafka_events(path: Path) -> list[dict[str, Any]]:
     return events
 
 
+def settle() -> None:
+    """Wait 1.5-2 s: the next step starts at a random phase of the heartbeat timers."""
+    time.sleep(1.5 + (time.time() % 0.5))
+
+
 # -- one run ----------------------------------------------------------------------------------
 
 
@@ -319,7 +324,7 @@ def run_once(kind: str, kafka: Any, members: int, partitions: int, workdir: Path
             if not p.ready.wait(60):
                 raise TimeoutError("members did not start")
         run.wait_converged()
-        time.sleep(1.5 + (time.time() % 0.5))  # a random phase of the heartbeat timers
+        settle()
         old = kafka.coordinator_for(run.group)
         (joiner,) = run.spawn(1, sdk_logs)
         if not joiner.ready.wait(60):

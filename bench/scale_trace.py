@@ -22,11 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.failover_phases import HEARTBEAT_MS, SESSION_MS, _librdkafka_events, _Run
-
-
-def _settle() -> None:
-    time.sleep(1.5 + (time.time() % 0.5))  # a random phase of the heartbeat timers
+from bench.failover_phases import HEARTBEAT_MS, SESSION_MS, _librdkafka_events, _Run, settle
 
 
 def _ready_at(proc: Any) -> float:
@@ -40,14 +36,14 @@ def _one(kind: str, kafka: Any, workdir: Path, scenario: str, members: int,
         first = run.spawn(1, sdk_logs=False)
         first[0].ready.wait(60)
         run.wait_converged()
-        _settle()
+        settle()
         new = run.spawn(members - 1, sdk_logs=False)
         for p in new:
             p.ready.wait(60)
         t0 = max(_ready_at(p) for p in new)
         done = run.wait_converged()
         if scenario == "in":
-            _settle()
+            settle()
             leaving, run.procs = run.procs[1:], run.procs[:1]
             t0 = time.time()
             for p in leaving:

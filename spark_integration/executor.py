@@ -269,26 +269,25 @@ def read_range(task: ReadTask) -> Iterator[pa.RecordBatch]:
     """
     schema = arrow_schema(task.include_headers)
     ranges = [r for r in task.ranges if r.size > 0]
-    primed: dict[int, _Cached] = {}  # index of a partition's first range -> its consumer
-    firsts: dict[tuple[str, int], int] = {}
-    for i, r in enumerate(ranges):
-        firsts.setdefault(r.tp, i)
+    # Each partition's consumer, positioned for the partition's first range (popped by it).
+    primed: dict[tuple[str, int], _Cached] = {}
     pending: list[pa.RecordBatch] = []
     rows = 0
     try:
-        for i in firsts.values():
-            primed[i] = _position(task, ranges[i])
-        for i, r in enumerate(ranges):
-            for batch in _read_one(task, r, schema, primed.pop(i, None)):
+        for r in ranges:
+            if r.tp not in primed:
+                primed[r.tp] = _position(task, r)
+        for r in ranges:
+            for batch in _read_one(task, r, schema, primed.pop(r.tp, None)):
                 if rows + batch.num_rows > task.arrow_batch_size and pending:
                     yield _concat(pending)
                     pending, rows = [], 0
                 pending.append(batch)
                 rows += batch.num_rows
     finally:
-        for i, entry in primed.items():  # not read (an error, or the reader stopped early)
+        for (topic, partition), entry in primed.items():  # not read (error, early stop)
             entry.next_offset = -1
-            _checkin(task.config, ranges[i].topic, ranges[i].partition, entry)
+            _checkin(task.config, topic, partition, entry)
     if pending:
         yield _concat(pending)
 

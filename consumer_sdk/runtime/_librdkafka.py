@@ -121,7 +121,8 @@ def _library() -> ctypes.CDLL:
         if missing:
             raise LibrdkafkaError(
                 f"librdkafka at {path} (confluent-kafka {confluent_kafka.__version__}) lacks "
-                f"{', '.join(missing)} (consumer_group_metadata() needs librdkafka >= 1.6)"
+                f"{', '.join(missing)} (consumer_group_metadata() and the wake-up of a blocked "
+                "poll need them; librdkafka >= 1.6 has all)"
             )
         _lib = lib
         return lib

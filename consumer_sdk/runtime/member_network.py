@@ -435,9 +435,6 @@ class MemberNetwork:
         """Wake `wait_for_events` and the data plane's wait (from any thread)."""
         with self._events:
             self._events.notify_all()
-        self._wake_app()
-
-    def _wake_app(self) -> None:
         waker = self.app_waker
         if waker is not None:
             waker()
@@ -493,8 +490,7 @@ class MemberNetwork:
             waiters, self._commit_waiters = self._commit_waiters, {}
             for w in waiters.values():
                 w.set()
-            self._events.notify_all()
-        self._wake_app()
+        self.notify()
 
     def _with_lock(self, fn: Callable[[], None]) -> None:
         with self._lock:
@@ -661,9 +657,7 @@ class MemberNetwork:
     def _notify(self) -> None:
         self._collect_results()
         if self.core.background_events or self._results:
-            with self._events:
-                self._events.notify_all()
-            self._wake_app()
+            self.notify()
 
     def _collect_results(self) -> None:
         with self._lock:
