@@ -34,7 +34,7 @@ librdkafka moves its position while it returns a batch, before the fetcher has d
 which records of it to hand out: ``_flight`` is held by the application thread across every
 librdkafka call that returns records and the handling of its batch, and by every reader of
 librdkafka's positions (the loop thread's auto-commit waits at most ``_READ_WAIT_S``, then
-commits the partitions it can read).
+commits the partitions it can read). Positions kept here need no ``_flight``.
 """
 
 from __future__ import annotations
@@ -339,19 +339,25 @@ class Fetcher:
 
     def committable(self) -> dict[Partition, tuple[int, int]]:
         """Position and leader epoch (-1 if unknown) per partition that has a position:
-        what a commit of the consumed offsets commits."""
+        what a commit of the consumed offsets commits.
+
+        Waits for a batch being returned (``_flight``) only to read native positions: the
+        application thread holds ``_flight`` across its whole wait in librdkafka, and the
+        network loop's auto-commit must not stall behind it (it delayed heartbeats)."""
+        with self._lock:
+            if not self._native:
+                return self._tracked()
         wait: float = getattr(self._bounded, "wait", -1)
-        locked = self._flight.acquire(timeout=wait)
+        locked = self._flight.acquire(blocking=False)
+        if not locked:
+            if wait >= 0:  # a bounded reader: end the application thread's wait, if any
+                self.wake()
+            locked = self._flight.acquire(timeout=wait)
         try:
             with self._lock:
-                out = {p: (o, self._epochs.get(p, -1)) for p, o in self._positions.items()}
-                last = list(self._last.items())
+                out = self._tracked()
                 native = list(self._native)
                 closed = self._closed
-            for key, msg in last:
-                offset = msg.offset()
-                if offset is not None:
-                    out[key] = (offset + 1, _epoch(msg))
             if not native:
                 return out
             if not locked:
@@ -366,6 +372,19 @@ class Fetcher:
         finally:
             if locked:
                 self._flight.release()
+
+    def _tracked(self) -> dict[Partition, tuple[int, int]]:
+        """The positions kept here (_lock held): every partition's but the native ones'.
+        Consistent without ``_flight``: a partition leaves the native set and gets its
+        position here in one ``_lock`` hold. The application thread adds to ``_last`` and
+        ``_positions`` without the lock: each is copied in one step (list() runs in C)."""
+        epochs = self._epochs
+        out = {p: (o, epochs.get(p, -1)) for p, o in list(self._positions.items())}
+        for key, msg in list(self._last.items()):
+            offset = msg.offset()
+            if offset is not None:
+                out[key] = (offset + 1, _epoch(msg))
+        return out
 
     def positions(self) -> dict[Partition, int]:
         """Next offset to deliver per partition (only partitions that have one)."""

@@ -71,3 +71,42 @@ def test_a_consumer_blocked_in_poll_runs_its_assignment_callback(
         assert sorted(tp.partition for tp in assigned) == [0, 1]
     finally:
         consumer.close()
+
+
+def test_positions_kept_by_the_fetcher_are_read_while_the_application_waits(
+    embedded_kafka: EmbeddedKafka,
+) -> None:
+    """The network loop's auto-commit reads positions while poll() waits inside librdkafka.
+
+    It used to wait for that poll to end (up to 100 ms per auto-commit, heartbeats delayed
+    as long); only librdkafka's own positions (native partitions) need the wait."""
+    topic = "wake-positions"
+    fetcher = fetcher_over(embedded_kafka, topic, 2)
+    try:
+        fetcher.assign({(topic, 0): 0, (topic, 1): 0})
+        _drain(fetcher, 4)  # poll() keeps the positions itself from its first call
+        returned = threading.Event()
+
+        def wait() -> None:
+            fetcher.poll(10.0)
+            returned.set()
+
+        waiter = threading.Thread(target=wait)
+        waiter.start()
+
+        def waiting() -> bool:
+            """The waiter holds the lock a batch being returned is guarded by."""
+            if fetcher._flight.acquire(blocking=False):
+                fetcher._flight.release()
+                return False
+            return True
+
+        wait_for(waiting, timeout=10, what="poll() waiting")
+        positions = fetcher.committable()  # unbounded: before the fix it waited 10 s
+        assert not returned.is_set(), "the positions were read only after poll() returned"
+        assert {p: o for p, (o, _) in positions.items()} == {(topic, 0): 2, (topic, 1): 2}
+        embedded_kafka.produce(topic, [b"0-2"], partition=0)  # ends the wait
+        waiter.join(10)
+        assert returned.is_set()
+    finally:
+        fetcher.close()
