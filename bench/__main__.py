@@ -132,14 +132,15 @@ def _render_real(
         "",
         f"Convergence (goal: ratio <= 1.0): {rc['members']} members, {rc['partitions']} "
         f"partitions, heartbeat interval {rc['heartbeat_interval_ms']} ms, session "
-        f"{rc['session_timeout_ms']} ms, {repeats} pairs. *failover*: a member subscribes and "
-        "at that moment the group coordinator's node is stopped (real: controlled shutdown; "
-        "mock: the coordinator moved by decree); until the assignment with the new member is "
-        "complete and exclusive. Times are means; the ratio is of the means, with the ratio "
-        "of the medians next to it. A step takes whole heartbeat intervals plus the phase of "
-        "the members' timers, so each client's times fall in clusters one interval apart (see "
-        "every run below) and the median of a few samples jumps between clusters; a single "
-        "pair's ratio is the phase of that pair.",
+        f"{rc['session_timeout_ms']} ms, {repeats} pairs. *failover*: the group coordinator's "
+        "node is stopped (real: controlled shutdown; mock: the coordinator moved by decree) and a "
+        "new member subscribes at a random moment (the same for both clients of a pair) of "
+        "the heartbeat interval that follows; from the fault until the assignment with the "
+        "new member is complete and exclusive. Times are means; the ratio is of the means, "
+        "with the ratio of the medians next to it. A step takes whole heartbeat intervals "
+        "plus the phase of the members' timers, so each client's times fall in clusters one "
+        "interval apart (see every run below) and the median of a few samples jumps between "
+        "clusters; a single pair's ratio is the phase of that pair.",
         "",
         "| scenario | mock: sdk | mock: confluent | mock ratio (medians; spread) | real: sdk "
         "| real: confluent | real ratio (medians; spread) |",
