@@ -193,14 +193,14 @@ def _render_real(
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     lines += throughput_rows("per_cpu_s", "cpu_ratio", "")
-    missed = [f"{name} {r:.2f} ({r - 1.0:.2f} over 1.0)" for name in convergence.SCENARIOS
+    missed = [f"{name} {r:.3f} ({r - 1.0:.3f} over 1.0)" for name in convergence.SCENARIOS
               if (r := rc["scenarios"][name]["ratio"]) > 1.0]  # fmt: skip
-    missed += [f"{name} by medians {r:.2f} ({r - 1.0:.2f} over 1.0)"
+    missed += [f"{name} by medians {r:.3f} ({r - 1.0:.3f} over 1.0)"
                for name in convergence.SCENARIOS
                if (r := rc["scenarios"][name]["ratio_of_medians"]) > 1.0]  # fmt: skip
-    missed += [f"`{mode}` {r:.2f} ({0.95 - r:.2f} short of 0.95)" for mode in ("poll", "consume")
+    missed += [f"`{mode}` {r:.3f} ({0.95 - r:.3f} short of 0.95)" for mode in ("poll", "consume")
                if (r := rt[mode]["ratio"]) < 0.95]  # fmt: skip
-    missed += [f"`{mode}` per CPU second {r:.2f} ({0.95 - r:.2f} short of 0.95)"
+    missed += [f"`{mode}` per CPU second {r:.3f} ({0.95 - r:.3f} short of 0.95)"
                for mode in ("poll", "consume") if (r := rt[mode]["cpu_ratio"]) < 0.95]  # fmt: skip
     lines += [
         "",

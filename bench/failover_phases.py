@@ -5,11 +5,12 @@
 
 One real 3-node Apache Kafka (``KafkaCluster``, ``KAFKA_HOME``; heartbeat interval 500 ms,
 session 3 s, as bench/convergence.py). Each run is the failover step of
-`bench.convergence.run_scenarios` alone: ``--members`` members own ``--partitions``
-partitions, a new member subscribes and at that moment the group coordinator's node gets a
-controlled shutdown (in a thread; ``--fault kill``: SIGKILL); the node is started again
-afterwards. The SDK and
-confluent-kafka (``group.protocol=consumer``) alternate, in interleaved order.
+`bench.convergence.run_scenarios` alone, in its earlier shape (run_scenarios now lets the
+new member subscribe at a random moment after the fault): ``--members`` members own
+``--partitions`` partitions, a new member subscribes and at that moment the group
+coordinator's node gets a controlled shutdown (in a thread; ``--fault kill``: SIGKILL); the
+node is started again afterwards. The SDK and confluent-kafka (``group.protocol=consumer``)
+alternate, in interleaved order.
 
 Every member is traced on one wall clock: the SDK through `MemberNetwork.heartbeat_trace` and
 its FindCoordinator answers; librdkafka through its ``debug=cgrp,consumer`` lines on stderr.
