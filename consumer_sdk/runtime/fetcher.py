@@ -33,8 +33,9 @@ is buffered.
 librdkafka moves its position while it returns a batch, before the fetcher has decided
 which records of it to hand out: ``_flight`` is held by the application thread across every
 librdkafka call that returns records and the handling of its batch, and by every reader of
-librdkafka's positions (the loop thread's auto-commit waits at most ``_READ_WAIT_S``, then
-commits the partitions it can read). Positions kept here need no ``_flight``.
+librdkafka's positions (the loop thread's auto-commit ends the application thread's wait
+in librdkafka, waits at most ``_READ_WAIT_S``, then commits the partitions it can read).
+Positions kept here need no ``_flight``.
 """
 
 from __future__ import annotations
