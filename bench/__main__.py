@@ -61,13 +61,15 @@ def _run_real(args: argparse.Namespace) -> int:
     print("mock: consume throughput ...", flush=True)
     out["mock_throughput"] = throughput.run(args.quick, pairs=pairs)
     print("real: starting a 3-node Apache Kafka ...", flush=True)
-    with KafkaCluster(nodes=3, kafka_home=args.kafka_home,
-                      heartbeat_interval_ms=convergence.HEARTBEAT_MS,
-                      session_timeout_ms=convergence.SESSION_MS) as kafka:  # fmt: skip
+    with KafkaCluster(
+        nodes=3,
+        kafka_home=args.kafka_home,
+        heartbeat_interval_ms=convergence.HEARTBEAT_MS,
+        session_timeout_ms=convergence.SESSION_MS,
+    ) as kafka:
         version = ".".join(map(str, kafka.kafka_version))
         print("real: rebalance convergence ...", flush=True)
-        out["real_convergence"] = convergence.run(args.quick, kafka=kafka,
-                                                  repeats=real_repeats)  # fmt: skip
+        out["real_convergence"] = convergence.run(args.quick, kafka=kafka, repeats=real_repeats)
         print("real: consume throughput ...", flush=True)
         out["real_throughput"] = throughput.run(
             args.quick, kafka=kafka, pairs=pairs, records=real_records
@@ -88,14 +90,18 @@ def _run_real(args: argparse.Namespace) -> int:
     args.out.write_text(_with_real_section(text, section), encoding="utf-8")
     for name in convergence.SCENARIOS:
         m, r = mc["scenarios"][name], rc["scenarios"][name]
-        print(f"{name:<10} mock {m['ratio']:.2f} (medians {m['ratio_of_medians']:.2f})  "
-              f"real {r['ratio']:.2f} (medians {r['ratio_of_medians']:.2f}; "
-              f"{_spread(r['ratios'])})")  # fmt: skip
+        print(
+            f"{name:<10} mock {m['ratio']:.2f} (medians {m['ratio_of_medians']:.2f})  "
+            f"real {r['ratio']:.2f} (medians {r['ratio_of_medians']:.2f}; "
+            f"{_spread(r['ratios'])})"
+        )
     for mode in ("poll", "consume"):
-        print(f"{mode:<10} mock {mt[mode]['ratio']:.2f} ({_spread(mt[mode]['ratios'])})  "
-              f"real {rt[mode]['ratio']:.2f} ({_spread(rt[mode]['ratios'])})  per CPU second: "
-              f"mock {mt[mode]['cpu_ratio']:.2f} real {rt[mode]['cpu_ratio']:.2f} "
-              f"({_spread(rt[mode]['cpu_ratios'])})")  # fmt: skip
+        print(
+            f"{mode:<10} mock {mt[mode]['ratio']:.2f} ({_spread(mt[mode]['ratios'])})  "
+            f"real {rt[mode]['ratio']:.2f} ({_spread(rt[mode]['ratios'])})  per CPU second: "
+            f"mock {mt[mode]['cpu_ratio']:.2f} real {rt[mode]['cpu_ratio']:.2f} "
+            f"({_spread(rt[mode]['cpu_ratios'])})"
+        )
     print(f"updated {args.out} in {wall / 60:.1f} min")
     return 0
 
@@ -149,10 +155,12 @@ def _render_real(
     ]
     for name in convergence.SCENARIOS:
         m, r = mc["scenarios"][name], rc["scenarios"][name]
-        lines.append(f"| {name} | {m['sdk_s']:.3f} s | {m['confluent_s']:.3f} s | "
-                     f"{m['ratio']:.2f} ({m['ratio_of_medians']:.2f}; {_spread(m['ratios'])}) | "
-                     f"{r['sdk_s']:.3f} s | {r['confluent_s']:.3f} s | **{r['ratio']:.2f}** "
-                     f"({r['ratio_of_medians']:.2f}; {_spread(r['ratios'])}) |")  # fmt: skip
+        lines.append(
+            f"| {name} | {m['sdk_s']:.3f} s | {m['confluent_s']:.3f} s | "
+            f"{m['ratio']:.2f} ({m['ratio_of_medians']:.2f}; {_spread(m['ratios'])}) | "
+            f"{r['sdk_s']:.3f} s | {r['confluent_s']:.3f} s | **{r['ratio']:.2f}** "
+            f"({r['ratio_of_medians']:.2f}; {_spread(r['ratios'])}) |"
+        )
     config = ", ".join(f"`{k}={v}`" for k, v in rt["config"].items())
     lines += [
         "",
@@ -176,8 +184,11 @@ def _render_real(
         for mode in ("poll", "consume"):
             cells = [f"`{mode}`"]
             for row, b in ((mt[mode], ""), (rt[mode], "**")):  # the real ratio in bold
-                cells += [f"{row['sdk_' + per]:,.0f}{unit}", f"{row['raw_' + per]:,.0f}{unit}",
-                          f"{b}{row[ratio]:.2f}{b} ({_spread(row[ratio + 's'])})"]  # fmt: skip
+                cells += [
+                    f"{row['sdk_' + per]:,.0f}{unit}",
+                    f"{row['raw_' + per]:,.0f}{unit}",
+                    f"{b}{row[ratio]:.2f}{b} ({_spread(row[ratio + 's'])})",
+                ]
             rows.append("| " + " | ".join(cells) + " |")
         return rows
 
@@ -193,15 +204,26 @@ def _render_real(
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     lines += throughput_rows("per_cpu_s", "cpu_ratio", "")
-    missed = [f"{name} {r:.3f} ({r - 1.0:.3f} over 1.0)" for name in convergence.SCENARIOS
-              if (r := rc["scenarios"][name]["ratio"]) > 1.0]  # fmt: skip
-    missed += [f"{name} by medians {r:.3f} ({r - 1.0:.3f} over 1.0)"
-               for name in convergence.SCENARIOS
-               if (r := rc["scenarios"][name]["ratio_of_medians"]) > 1.0]  # fmt: skip
-    missed += [f"`{mode}` {r:.3f} ({0.95 - r:.3f} short of 0.95)" for mode in ("poll", "consume")
-               if (r := rt[mode]["ratio"]) < 0.95]  # fmt: skip
-    missed += [f"`{mode}` per CPU second {r:.3f} ({0.95 - r:.3f} short of 0.95)"
-               for mode in ("poll", "consume") if (r := rt[mode]["cpu_ratio"]) < 0.95]  # fmt: skip
+    missed = [
+        f"{name} {r:.3f} ({r - 1.0:.3f} over 1.0)"
+        for name in convergence.SCENARIOS
+        if (r := rc["scenarios"][name]["ratio"]) > 1.0
+    ]
+    missed += [
+        f"{name} by medians {r:.3f} ({r - 1.0:.3f} over 1.0)"
+        for name in convergence.SCENARIOS
+        if (r := rc["scenarios"][name]["ratio_of_medians"]) > 1.0
+    ]
+    missed += [
+        f"`{mode}` {r:.3f} ({0.95 - r:.3f} short of 0.95)"
+        for mode in ("poll", "consume")
+        if (r := rt[mode]["ratio"]) < 0.95
+    ]
+    missed += [
+        f"`{mode}` per CPU second {r:.3f} ({0.95 - r:.3f} short of 0.95)"
+        for mode in ("poll", "consume")
+        if (r := rt[mode]["cpu_ratio"]) < 0.95
+    ]
     lines += [
         "",
         "Real-broker goals missed in this run: " + (", ".join(missed) if missed else "none") + ".",
@@ -271,8 +293,10 @@ def _machine() -> str:
                 break
     except OSError:
         pass
-    return (f"{platform.system()} {platform.machine()}, {os.cpu_count()} cores ({cpu}), "
-            f"Python {platform.python_version()}")  # fmt: skip
+    return (
+        f"{platform.system()} {platform.machine()}, {os.cpu_count()} cores ({cpu}), "
+        f"Python {platform.python_version()}"
+    )
 
 
 def _assignor_goals() -> list[dict[str, Any]]:
@@ -290,8 +314,14 @@ def _assignor_goals() -> list[dict[str, Any]]:
         if java is None:
             continue
         result = assignors.run_case_forked(case, 0.5, 10)
-        rows.append({"case": "/".join(map(str, case.key)), "ms": result.ms, "java_ms": java,
-                     "ratio": result.ms / java})  # fmt: skip
+        rows.append(
+            {
+                "case": "/".join(map(str, case.key)),
+                "ms": result.ms,
+                "java_ms": java,
+                "ratio": result.ms / java,
+            }
+        )
     return rows
 
 
@@ -308,10 +338,18 @@ def _plot(conv: dict[str, Any], thr: dict[str, Any]) -> list[str]:
     names = list(conv["scenarios"])
     fig, ax = plt.subplots(figsize=(6, 3.2))
     x = range(len(names))
-    ax.bar([i - 0.2 for i in x], [conv["scenarios"][n]["sdk_s"] for n in names], 0.4,
-           label="consumer-sdk")  # fmt: skip
-    ax.bar([i + 0.2 for i in x], [conv["scenarios"][n]["confluent_s"] for n in names], 0.4,
-           label="confluent-kafka (group.protocol=consumer)")  # fmt: skip
+    ax.bar(
+        [i - 0.2 for i in x],
+        [conv["scenarios"][n]["sdk_s"] for n in names],
+        0.4,
+        label="consumer-sdk",
+    )
+    ax.bar(
+        [i + 0.2 for i in x],
+        [conv["scenarios"][n]["confluent_s"] for n in names],
+        0.4,
+        label="confluent-kafka (group.protocol=consumer)",
+    )
     ax.set_xticks(list(x), names)
     ax.set_ylabel("seconds to a complete, exclusive assignment")
     ax.legend(fontsize=7)
@@ -320,10 +358,18 @@ def _plot(conv: dict[str, Any], thr: dict[str, Any]) -> list[str]:
     plt.close(fig)
     fig, ax = plt.subplots(figsize=(6, 3.2))
     modes = ["poll", "consume"]
-    ax.bar([i - 0.2 for i in range(2)], [thr[m]["sdk_per_s"] / 1000 for m in modes], 0.4,
-           label="consumer-sdk")  # fmt: skip
-    ax.bar([i + 0.2 for i in range(2)], [thr[m]["raw_per_s"] / 1000 for m in modes], 0.4,
-           label="raw confluent-kafka (assign mode)")  # fmt: skip
+    ax.bar(
+        [i - 0.2 for i in range(2)],
+        [thr[m]["sdk_per_s"] / 1000 for m in modes],
+        0.4,
+        label="consumer-sdk",
+    )
+    ax.bar(
+        [i + 0.2 for i in range(2)],
+        [thr[m]["raw_per_s"] / 1000 for m in modes],
+        0.4,
+        label="raw confluent-kafka (assign mode)",
+    )
     ax.set_xticks([0, 1], modes)
     ax.set_ylabel("thousand records / s")
     ax.legend(fontsize=7)
@@ -447,8 +493,9 @@ def main(argv: list[str] | None = None) -> int:
         "| --- | ---: | ---: | ---: |",
     ]
     for name, row in conv["scenarios"].items():
-        lines.append(f"| {name} | {row['sdk_s']:.3f} s | {row['confluent_s']:.3f} s | "
-                     f"{row['ratio']:.2f} |")  # fmt: skip
+        lines.append(
+            f"| {name} | {row['sdk_s']:.3f} s | {row['confluent_s']:.3f} s | {row['ratio']:.2f} |"
+        )
     lines += [
         "",
         "The protocol's floor is about one heartbeat interval per step: a member learns of a new",
@@ -466,8 +513,10 @@ def main(argv: list[str] | None = None) -> int:
     ]
     for mode in ("poll", "consume"):
         row = thr[mode]
-        lines.append(f"| `{mode}` | {row['sdk_per_s']:,.0f}/s | {row['raw_per_s']:,.0f}/s | "
-                     f"{row['ratio']:.2f} |")  # fmt: skip
+        lines.append(
+            f"| `{mode}` | {row['sdk_per_s']:,.0f}/s | {row['raw_per_s']:,.0f}/s | "
+            f"{row['ratio']:.2f} |"
+        )
     poll = thr["poll"]
     if poll["ratio"] < 0.95:
         extra_us = 1e6 / poll["sdk_per_s"] - 1e6 / poll["raw_per_s"]
@@ -496,19 +545,19 @@ def main(argv: list[str] | None = None) -> int:
         "| --- | ---: | ---: | ---: | ---: | ---: |",
     ]
     for row in hb["rows"]:
-        lines.append(f"| {row.get('runtime')} | {row['members']} | {row['stable']} | "
-                     f"{row['heartbeats_per_s']:.0f} | {row['cpu_core_fraction'] * 100:.1f}% | "
-                     f"{row['cpu_us_per_heartbeat']:.0f} µs |")  # fmt: skip
+        lines.append(
+            f"| {row.get('runtime')} | {row['members']} | {row['stable']} | "
+            f"{row['heartbeats_per_s']:.0f} | {row['cpu_core_fraction'] * 100:.1f}% | "
+            f"{row['cpu_us_per_heartbeat']:.0f} µs |"
+        )
 
     def hb_row(runtime: str, members: int) -> dict[str, Any] | None:
-        found = [r for r in hb["rows"] if r.get("runtime") == runtime
-                 and r["members"] == members]  # fmt: skip
+        found = [r for r in hb["rows"] if r.get("runtime") == runtime and r["members"] == members]
         return found[-1] if found else None
 
     goal_1000, goal_100 = hb_row("loop", 1000), hb_row("loop", 100)
     if goal_1000 is not None and goal_100 is not None:
-        met_1000 = (goal_1000["stable"] == 1000
-                    and goal_1000["cpu_core_fraction"] < 0.20)  # fmt: skip
+        met_1000 = goal_1000["stable"] == 1000 and goal_1000["cpu_core_fraction"] < 0.20
         met_100 = goal_100["cpu_us_per_heartbeat"] <= 100
         lines += [
             "",
@@ -552,12 +601,14 @@ def main(argv: list[str] | None = None) -> int:
             "| --- | ---: | ---: | ---: |",
         ]
         for row in assign_rows:
-            lines.append(f"| {row['case']} | {row['ms']:.2f} | {row['java_ms']:g} | "
-                         f"{row['ratio']:.1f}x |")  # fmt: skip
+            lines.append(
+                f"| {row['case']} | {row['ms']:.2f} | {row['java_ms']:g} | {row['ratio']:.1f}x |"
+            )
     lines += ["", "## Spark source", ""]
     if spark is None:
-        lines.append(f"Not run ({spark_missing}); install the spark extra: "
-                     "`pip install -e '.[spark]'`.")  # fmt: skip
+        lines.append(
+            f"Not run ({spark_missing}); install the spark extra: `pip install -e '.[spark]'`."
+        )
     elif "error" in spark:
         lines.append(f"Failed in this run: {spark['error']}")
     else:

@@ -49,11 +49,19 @@ class Group:
         new = []
         for _ in range(n):
             popen = subprocess.Popen(
-                [sys.executable, str(HERE / "_member_proc.py"), self.kind, self.bootstrap,
-                 self.group, self.topic],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                [
+                    sys.executable,
+                    str(HERE / "_member_proc.py"),
+                    self.kind,
+                    self.bootstrap,
+                    self.group,
+                    self.topic,
+                ],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
                 text=True,
-            )  # fmt: skip
+            )
             proc = Proc(popen)
             threading.Thread(target=self._read, args=(proc,), daemon=True).start()
             new.append(proc)
@@ -218,8 +226,7 @@ def run_scenarios(
         leaving = [p for p in g.procs if p.alive][1:]
         t0 = g.stop(leaving)
         scale_in = g.wait_converged() - t0
-        return {"scale_out": scale_out, "crash": crash, "failover": failover,
-                "scale_in": scale_in}  # fmt: skip
+        return {"scale_out": scale_out, "crash": crash, "failover": failover, "scale_in": scale_in}
     finally:
         g.close_all()
 
@@ -250,10 +257,14 @@ def run(quick: bool = False, kafka: Any = None, repeats: int | None = None) -> d
                 scenario = run_scenarios(kind, kafka, members, partitions, seed=repeat)
                 for name, value in scenario.items():
                     results[kind].setdefault(name, []).append(value)
-    summary: dict[str, Any] = {"members": members, "partitions": partitions,
-                               "heartbeat_interval_ms": HEARTBEAT_MS,
-                               "session_timeout_ms": SESSION_MS,
-                               "repeats": repeats, "scenarios": {}}  # fmt: skip
+    summary: dict[str, Any] = {
+        "members": members,
+        "partitions": partitions,
+        "heartbeat_interval_ms": HEARTBEAT_MS,
+        "session_timeout_ms": SESSION_MS,
+        "repeats": repeats,
+        "scenarios": {},
+    }
     for name in SCENARIOS:
         sdk_all, ck_all = results["sdk"][name], results["confluent"][name]
         sdk, ck = statistics.mean(sdk_all), statistics.mean(ck_all)
@@ -265,16 +276,24 @@ def run(quick: bool = False, kafka: Any = None, repeats: int | None = None) -> d
         # samples jumps between clusters, the mean does not. Both ratios are reported; the
         # ratio of the means is the one compared with the goal.
         pairs = [a / b for a, b in zip(sdk_all, ck_all, strict=True)]
-        summary["scenarios"][name] = {"sdk_s": sdk, "confluent_s": ck, "ratio": sdk / ck,
-                                      "sdk_median_s": sdk_med, "confluent_median_s": ck_med,
-                                      "ratio_of_medians": sdk_med / ck_med,
-                                      "ratios": pairs, "sdk_all": sdk_all,
-                                      "confluent_all": ck_all}  # fmt: skip
+        summary["scenarios"][name] = {
+            "sdk_s": sdk,
+            "confluent_s": ck,
+            "ratio": sdk / ck,
+            "sdk_median_s": sdk_med,
+            "confluent_median_s": ck_med,
+            "ratio_of_medians": sdk_med / ck_med,
+            "ratios": pairs,
+            "sdk_all": sdk_all,
+            "confluent_all": ck_all,
+        }
     return summary
 
 
 if __name__ == "__main__":
     out = run(quick="--quick" in sys.argv)
     for name, row in out["scenarios"].items():
-        print(f"{name:<10} sdk {row['sdk_s']:.3f}s  confluent {row['confluent_s']:.3f}s  "
-              f"ratio {row['ratio']:.2f}")  # fmt: skip
+        print(
+            f"{name:<10} sdk {row['sdk_s']:.3f}s  confluent {row['confluent_s']:.3f}s  "
+            f"ratio {row['ratio']:.2f}"
+        )

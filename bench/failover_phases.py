@@ -65,8 +65,11 @@ def _member(kind: str, bootstrap: str, group: str, topic: str, log_file: str) ->
             sys.stdout.write(json.dumps(event) + "\n")
             sys.stdout.flush()
 
-    conf: dict[str, Any] = {"bootstrap.servers": bootstrap, "group.id": group,
-                            "auto.offset.reset": "earliest"}  # fmt: skip
+    conf: dict[str, Any] = {
+        "bootstrap.servers": bootstrap,
+        "group.id": group,
+        "auto.offset.reset": "earliest",
+    }
     on_assign, on_revoke = ownership_callbacks(emit)
     consumer: Any
     if kind == "sdk":
@@ -91,8 +94,11 @@ def _member(kind: str, bootstrap: str, group: str, topic: str, log_file: str) ->
 
         def traced(request: Any, sent: float, response: Any, error: Any) -> None:
             known = net.coordinator.coordinator
-            event: dict[str, Any] = {"ev": "hb", "sent": sent,
-                                     "node": None if known is None else known.node_id}  # fmt: skip
+            event: dict[str, Any] = {
+                "ev": "hb",
+                "sent": sent,
+                "node": None if known is None else known.node_id,
+            }
             if error is not None:
                 event["fail"] = f"{type(error).__name__}: {error}"
             else:
@@ -195,11 +201,23 @@ class _Run:
             log_file = str(self.workdir / f"{self.group}-{i}.log") if sdk_logs else ""
             with open(err_path, "w") as err:
                 popen = subprocess.Popen(
-                    [sys.executable, "-m", "bench.failover_phases", "member", self.kind,
-                     self.kafka.bootstrap_servers, self.group, self.topic, log_file],
-                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True,
+                    [
+                        sys.executable,
+                        "-m",
+                        "bench.failover_phases",
+                        "member",
+                        self.kind,
+                        self.kafka.bootstrap_servers,
+                        self.group,
+                        self.topic,
+                        log_file,
+                    ],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=err,
+                    text=True,
                     cwd=Path(__file__).resolve().parent.parent,
-                )  # fmt: skip
+                )
             proc = _Proc(popen, err_path)
             threading.Thread(target=self._read, args=(proc,), daemon=True).start()
             self.procs.append(proc)
@@ -263,19 +281,31 @@ def _phases(run: _Run, t0: float, old_node: int, joiner: _Proc, t_conv: float) -
         else:
             events = _librdkafka_events(proc.stderr_path)
         after = [e for e in events if e["at"] >= t0]
-        timelines.append([{**e, "at": ms(e["at"]), **({"sent": ms(e["sent"])} if "sent" in e
-                                                      else {})} for e in events
-                          if e["at"] >= t0 - 1.0])  # fmt: skip
+        timelines.append(
+            [
+                {**e, "at": ms(e["at"]), **({"sent": ms(e["sent"])} if "sent" in e else {})}
+                for e in events
+                if e["at"] >= t0 - 1.0
+            ]
+        )
         err_at = fc_at = ok_at = gap_at = None
         for e in after:
-            if (fc_at is not None and gap_at is None and e["ev"] == "hb"
-                    and e.get("node") not in (None, old_node) and e["sent"] >= fc_at):  # fmt: skip
+            if (
+                fc_at is not None
+                and gap_at is None
+                and e["ev"] == "hb"
+                and e.get("node") not in (None, old_node)
+                and e["sent"] >= fc_at
+            ):
                 gap_at = e["sent"]
             if e["ev"] == "hb" and (e.get("fail") or e.get("err")):
                 hb_fails += 1
                 why = e.get("fail") or str(e.get("err"))
-                why = {"14": "LOAD_IN_PROGRESS", "15": "COORD_NOT_AVAILABLE",
-                       "16": "NOT_COORDINATOR"}.get(why, why[:60])  # fmt: skip
+                why = {
+                    "14": "LOAD_IN_PROGRESS",
+                    "15": "COORD_NOT_AVAILABLE",
+                    "16": "NOT_COORDINATOR",
+                }.get(why, why[:60])
                 reasons[why] = reasons.get(why, 0) + 1
                 if e.get("err") == 14:
                     load_retries += 1
@@ -286,8 +316,12 @@ def _phases(run: _Run, t0: float, old_node: int, joiner: _Proc, t_conv: float) -
                     fc_at = fc_at or e["at"]
                 elif e.get("err") != 0 or e.get("fail"):
                     fc_errors += 1
-            elif (e["ev"] == "hb" and e.get("err") == 0 and ok_at is None
-                  and (err_at is not None or e.get("node") not in (None, old_node))):  # fmt: skip
+            elif (
+                e["ev"] == "hb"
+                and e.get("err") == 0
+                and ok_at is None
+                and (err_at is not None or e.get("node") not in (None, old_node))
+            ):
                 ok_at = e["at"]
         if err_at is not None:
             first_err.append(ms(err_at))
@@ -302,21 +336,37 @@ def _phases(run: _Run, t0: float, old_node: int, joiner: _Proc, t_conv: float) -
         None,
     )
     # From the heartbeat answer that brought the new member its partitions to its on_assign.
-    answers = [e["at"] for e in timelines[run.procs.index(joiner)]
-               if e["ev"] == "hb" and e.get("err") == 0]  # fmt: skip
+    answers = [
+        e["at"] for e in timelines[run.procs.index(joiner)] if e["ev"] == "hb" and e.get("err") == 0
+    ]
     joined_ms = ms(joined)
     before = [a for a in answers if joined_ms is not None and a <= joined_ms]
     callback = round(joined_ms - before[-1], 1) if joined_ms is not None and before else None
     return {
-        "err": first_err, "fc": fc_ok, "hb": hb_ok, "join": ms(joined), "conv": ms(t_conv),
-        "callback": callback, "gap": gaps,
-        "fc_errors": fc_errors, "load_retries": load_retries, "hb_fails": hb_fails,
-        "reasons": reasons, "timelines": timelines,
-    }  # fmt: skip
+        "err": first_err,
+        "fc": fc_ok,
+        "hb": hb_ok,
+        "join": ms(joined),
+        "conv": ms(t_conv),
+        "callback": callback,
+        "gap": gaps,
+        "fc_errors": fc_errors,
+        "load_retries": load_retries,
+        "hb_fails": hb_fails,
+        "reasons": reasons,
+        "timelines": timelines,
+    }
 
 
-def run_once(kind: str, kafka: Any, members: int, partitions: int, workdir: Path,
-             sdk_logs: bool, fault: str = "stop") -> dict[str, Any]:  # fmt: skip
+def run_once(
+    kind: str,
+    kafka: Any,
+    members: int,
+    partitions: int,
+    workdir: Path,
+    sdk_logs: bool,
+    fault: str = "stop",
+) -> dict[str, Any]:
     """The failover step once for ``kind``; the stopped node is started again after."""
     run = _Run(kind, kafka, partitions, workdir)
     try:
@@ -353,11 +403,13 @@ def _span(values: list[float]) -> str:
 
 
 def _line(kind: str, r: dict[str, Any]) -> str:
-    return (f"{kind:<9} conv {r['conv']:7.0f}  join {r['join'] or -1:7.0f}"
-            f"  err {_span(r['err']):>11}"
-            f"  fc {_span(r['fc']):>11} ({r['fc_errors']} err)  hb {_span(r['hb']):>11}"
-            f"  ({r['load_retries']} load)  found->sent {_span(r['gap'])}  cb {r['callback']}"
-            f"  {r['reasons']}")  # fmt: skip
+    return (
+        f"{kind:<9} conv {r['conv']:7.0f}  join {r['join'] or -1:7.0f}"
+        f"  err {_span(r['err']):>11}"
+        f"  fc {_span(r['fc']):>11} ({r['fc_errors']} err)  hb {_span(r['hb']):>11}"
+        f"  ({r['load_retries']} load)  found->sent {_span(r['gap'])}  cb {r['callback']}"
+        f"  {r['reasons']}"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -385,8 +437,9 @@ def main(argv: list[str] | None = None) -> int:
     workdir = Path(ns.workdir or tempfile.mkdtemp(prefix="failover-phases-"))
     workdir.mkdir(parents=True, exist_ok=True)
     results: dict[str, list[dict[str, Any]]] = {"sdk": [], "confluent": []}
-    with KafkaCluster(nodes=3, heartbeat_interval_ms=HEARTBEAT_MS,
-                      session_timeout_ms=SESSION_MS) as kafka:  # fmt: skip
+    with KafkaCluster(
+        nodes=3, heartbeat_interval_ms=HEARTBEAT_MS, session_timeout_ms=SESSION_MS
+    ) as kafka:
         for i in range(ns.pairs):
             kinds = ("sdk", "confluent") if i % 2 == 0 else ("confluent", "sdk")
             for kind in kinds:
@@ -399,16 +452,20 @@ def main(argv: list[str] | None = None) -> int:
     for kind, runs in results.items():
         if not runs:
             continue
-        row = {k: statistics.mean([r[k] for r in runs if r[k] is not None] or [float("nan")])
-               for k in ("conv", "join", "callback")}  # fmt: skip
+        row = {
+            k: statistics.mean([r[k] for r in runs if r[k] is not None] or [float("nan")])
+            for k in ("conv", "join", "callback")
+        }
         for k in ("err", "fc", "hb", "gap"):
             maxes = [max(r[k]) for r in runs if r[k]]
             row[f"{k}_last"] = statistics.mean(maxes) if maxes else float("nan")
-        print(f"{kind:<9} mean over {len(runs)}: conv {row['conv']:.0f} ms, join {row['join']:.0f}"
-              f", answer->on_assign {row['callback']:.0f}, last member's first error "
-              f"{row['err_last']:.0f}, new coordinator found "
-              f"{row['fc_last']:.0f}, answered there {row['hb_last']:.0f}, longest wait from "
-              f"found to sent {row['gap_last']:.0f}")  # fmt: skip
+        print(
+            f"{kind:<9} mean over {len(runs)}: conv {row['conv']:.0f} ms, join {row['join']:.0f}"
+            f", answer->on_assign {row['callback']:.0f}, last member's first error "
+            f"{row['err_last']:.0f}, new coordinator found "
+            f"{row['fc_last']:.0f}, answered there {row['hb_last']:.0f}, longest wait from "
+            f"found to sent {row['gap_last']:.0f}"
+        )
     if results["sdk"] and results["confluent"]:
         sdk = statistics.mean(r["conv"] for r in results["sdk"])
         ck = statistics.mean(r["conv"] for r in results["confluent"])

@@ -42,8 +42,9 @@ class _Threads:
         from consumer_sdk import GroupMember
 
         self.lost = 0
-        self.m = GroupMember({"bootstrap.servers": bootstrap, "group.id": group,
-                              "enable.auto.commit": False})  # fmt: skip
+        self.m = GroupMember(
+            {"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False}
+        )
 
         def on_lost(_: Any, parts: list[Any]) -> None:
             self.lost += 1
@@ -132,8 +133,9 @@ def measure(hold_s: float, runtime: str) -> dict[str, Any]:
     from consumer_sdk.testing import EmbeddedKafka
 
     group = f"gil-{runtime}-{int(hold_s * 1000)}"
-    with EmbeddedKafka(brokers=1, heartbeat_interval_ms=INTERVAL_MS,
-                       session_timeout_ms=SESSION_MS) as kafka:  # fmt: skip
+    with EmbeddedKafka(
+        brokers=1, heartbeat_interval_ms=INTERVAL_MS, session_timeout_ms=SESSION_MS
+    ) as kafka:
         kafka.create_topic(group, partitions=2)
         member = (_Threads if runtime == "threads" else _Loop)(kafka.bootstrap_servers, group)
         try:
@@ -167,8 +169,11 @@ def main() -> None:
         for hold in (float(h) for h in args.holds.split(",")):
             row = measure(hold, runtime)
             gap = row["max_heartbeat_gap_s"]
-            print(f"{runtime:>7} GIL held {hold:4.1f} s: longest heartbeat gap {gap:.2f} s, "
-                  f"fenced: {row['fenced']}", flush=True)  # fmt: skip
+            print(
+                f"{runtime:>7} GIL held {hold:4.1f} s: longest heartbeat gap {gap:.2f} s, "
+                f"fenced: {row['fenced']}",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -39,8 +39,9 @@ class _FacadeMember:
     def __init__(self, bootstrap: str) -> None:
         from consumer_sdk import GroupMember
 
-        self.m = GroupMember({"bootstrap.servers": bootstrap, "group.id": "hb",
-                              "enable.auto.commit": False})  # fmt: skip
+        self.m = GroupMember(
+            {"bootstrap.servers": bootstrap, "group.id": "hb", "enable.auto.commit": False}
+        )
         self.m.subscribe(["hb"])
 
     def poll(self) -> None:
@@ -167,9 +168,10 @@ def measure(members: int, window_s: float = WINDOW_S, runtime: str = "loop") -> 
 
 
 def run(
-    quick: bool = False, runtimes: tuple[str, ...] = ("loop", "network"),
+    quick: bool = False,
+    runtimes: tuple[str, ...] = ("loop", "network"),
     sizes: list[int] | None = None,
-) -> dict[str, Any]:  # fmt: skip
+) -> dict[str, Any]:
     window = 5.0 if quick else WINDOW_S
     rows = []
     for runtime in runtimes:
@@ -182,8 +184,11 @@ def run(
         rows.extend(measure(n, window, runtime) for n in chosen)
     goal_rows = [r for r in rows if r["members"] == 1000 and r["runtime"] == "loop"]
     largest = goal_rows[-1]["cpu_core_fraction"] if goal_rows else None
-    return {"rows": rows, "goal": "1000 members under 20% of one core, all stable",
-            "largest_cpu_fraction": largest}  # fmt: skip
+    return {
+        "rows": rows,
+        "goal": "1000 members under 20% of one core, all stable",
+        "largest_cpu_fraction": largest,
+    }
 
 
 def main() -> None:
@@ -196,10 +201,13 @@ def main() -> None:
     sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else None
     result = run(args.quick, runtimes, sizes)
     for row in result["rows"]:
-        print(f"{row['runtime']:>7} {row['members']:>5} members ({row['stable']} stable, joined "
-              f"in {row['join_s']:.1f}s): {row['heartbeats_per_s']:.0f} HB/s, "
-              f"{row['cpu_core_fraction'] * 100:.1f}% of a core, "
-              f"{row['cpu_us_per_heartbeat']:.0f} us CPU per heartbeat", flush=True)  # fmt: skip
+        print(
+            f"{row['runtime']:>7} {row['members']:>5} members ({row['stable']} stable, joined "
+            f"in {row['join_s']:.1f}s): {row['heartbeats_per_s']:.0f} HB/s, "
+            f"{row['cpu_core_fraction'] * 100:.1f}% of a core, "
+            f"{row['cpu_us_per_heartbeat']:.0f} us CPU per heartbeat",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

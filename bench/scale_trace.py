@@ -29,8 +29,9 @@ def _ready_at(proc: Any) -> float:
     return float(next(e["at"] for e in proc.events if e["ev"] == "ready"))
 
 
-def _one(kind: str, kafka: Any, workdir: Path, scenario: str, members: int,
-         partitions: int) -> tuple[float, list[str]]:  # fmt: skip
+def _one(
+    kind: str, kafka: Any, workdir: Path, scenario: str, members: int, partitions: int
+) -> tuple[float, list[str]]:
     run = _Run(kind, kafka, partitions, workdir)
     try:
         first = run.spawn(1, sdk_logs=False)
@@ -62,11 +63,16 @@ def _one(kind: str, kafka: Any, workdir: Path, scenario: str, members: int,
         def ms(at: float) -> int:
             return round((at - t0) * 1000)
 
-        beats = [(ms(e["sent"]), ms(e["at"]), e.get("err", e.get("fail")))
-                 for e in sorted((e for e in events if e["ev"] == "hb"), key=lambda e: e["sent"])
-                 if t0 - 1 < e["sent"] < done + 0.2]  # fmt: skip
-        owned = [(ms(e["at"]), len(e["owned"])) for e in events
-                 if e["ev"] == "owned" and e["at"] > t0 - 1]  # fmt: skip
+        beats = [
+            (ms(e["sent"]), ms(e["at"]), e.get("err", e.get("fail")))
+            for e in sorted((e for e in events if e["ev"] == "hb"), key=lambda e: e["sent"])
+            if t0 - 1 < e["sent"] < done + 0.2
+        ]
+        owned = [
+            (ms(e["at"]), len(e["owned"]))
+            for e in events
+            if e["ev"] == "owned" and e["at"] > t0 - 1
+        ]
         joined = f" subscribed {ms(_ready_at(p))}" if scenario == "out" else ""
         lines.append(f"  member {i}:{joined} heartbeats {beats} owned {owned}")
     return done - t0, lines
@@ -82,13 +88,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--partitions", type=int, default=20)
     ns = parser.parse_args(argv)
     times: dict[str, list[float]] = {"sdk": [], "confluent": []}
-    with KafkaCluster(nodes=3, heartbeat_interval_ms=HEARTBEAT_MS,
-                      session_timeout_ms=SESSION_MS) as kafka, \
-            tempfile.TemporaryDirectory() as tmp:  # fmt: skip
+    with (
+        KafkaCluster(
+            nodes=3, heartbeat_interval_ms=HEARTBEAT_MS, session_timeout_ms=SESSION_MS
+        ) as kafka,
+        tempfile.TemporaryDirectory() as tmp,
+    ):
         for i in range(ns.pairs):
             for kind in ("sdk", "confluent") if i % 2 == 0 else ("confluent", "sdk"):
-                took, lines = _one(kind, kafka, Path(tmp), ns.scenario, ns.members,
-                                   ns.partitions)  # fmt: skip
+                took, lines = _one(kind, kafka, Path(tmp), ns.scenario, ns.members, ns.partitions)
                 times[kind].append(took)
                 print(f"{kind}: converged after {took * 1000:.0f} ms", flush=True)
                 print("\n".join(lines), flush=True)

@@ -82,12 +82,18 @@ def _noop_source() -> Any:
             lo, hi = partition.value
             n = hi - lo
             schema = arrow_schema(False)
-            yield pa.RecordBatch.from_arrays([
-                pa.array([b"k"] * n, pa.binary()), pa.array([VALUE] * n, pa.binary()),
-                pa.array(["noop"] * n, pa.string()), pa.array([0] * n, pa.int32()),
-                pa.array(range(lo, hi), pa.int64()),
-                pa.array([0] * n, pa.timestamp("us", tz="UTC")), pa.array([0] * n, pa.int32()),
-            ], schema=schema)  # fmt: skip
+            yield pa.RecordBatch.from_arrays(
+                [
+                    pa.array([b"k"] * n, pa.binary()),
+                    pa.array([VALUE] * n, pa.binary()),
+                    pa.array(["noop"] * n, pa.string()),
+                    pa.array([0] * n, pa.int32()),
+                    pa.array(range(lo, hi), pa.int64()),
+                    pa.array([0] * n, pa.timestamp("us", tz="UTC")),
+                    pa.array([0] * n, pa.int32()),
+                ],
+                schema=schema,
+            )
 
     class NoopSource(DataSource):  # type: ignore[misc]
         @classmethod
@@ -98,8 +104,11 @@ def _noop_source() -> Any:
             return kafka_schema()
 
         def streamReader(self, schema: Any) -> NoopReader:
-            return NoopReader(int(self.options["rows"]), int(self.options["batches"]),
-                              int(self.options.get("tasks", 1)))  # fmt: skip
+            return NoopReader(
+                int(self.options["rows"]),
+                int(self.options["batches"]),
+                int(self.options.get("tasks", 1)),
+            )
 
     return NoopSource
 
@@ -110,11 +119,16 @@ def _noop_query(
     """(wall seconds, wall-clock start, progress of the batches with rows)."""
     t0, started = time.time(), time.perf_counter()
     query = (
-        spark.readStream.format("noop1").option("rows", rows).option("batches", batches)
-        .option("tasks", tasks).load()
-        .writeStream.format("noop").option("checkpointLocation", str(workdir / "noop1"))
-        .trigger(availableNow=True).start()
-    )  # fmt: skip
+        spark.readStream.format("noop1")
+        .option("rows", rows)
+        .option("batches", batches)
+        .option("tasks", tasks)
+        .load()
+        .writeStream.format("noop")
+        .option("checkpointLocation", str(workdir / "noop1"))
+        .trigger(availableNow=True)
+        .start()
+    )
     query.awaitTermination(600)
     wall = time.perf_counter() - started
     return wall, t0, [p for p in query.recentProgress if p["numInputRows"]]
@@ -139,8 +153,9 @@ def _spark() -> Any:
 def _produce(bootstrap: str, topic: str, records: int, partitions: int = PARTITIONS) -> None:
     from confluent_kafka import Producer
 
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20,
-                         "batch.num.messages": 10000})  # fmt: skip
+    producer = Producer(
+        {"bootstrap.servers": bootstrap, "linger.ms": 20, "batch.num.messages": 10000}
+    )
     for i in range(records):
         while True:
             try:
@@ -164,9 +179,15 @@ def _direct(bootstrap: str, topic: str) -> tuple[int, float]:
     # The same librdkafka fetch settings as the source's executor consumers: with the
     # defaults a reader whose queue holds queued.min.messages backs off for a second
     # (fetch.queue.backoff.ms), which a 160k-record read hits.
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench-direct",
-                         "enable.auto.commit": False, "enable.partition.eof": True,
-                         **_FETCH_DEFAULTS})  # fmt: skip
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": "bench-direct",
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+            **_FETCH_DEFAULTS,
+        }
+    )
     try:
         ends = {
             p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
@@ -189,8 +210,7 @@ def _direct(bootstrap: str, topic: str) -> tuple[int, float]:
             # Ask for no more than what is left: consume() waits out its whole timeout while
             # it has fewer messages than asked for (the source's tasks ask the same way).
             left = sum(ends.values()) - rows
-            msgs = [m for m in consumer.consume(max(min(10000, left), 1), 1.0)
-                    if m.error() is None]  # fmt: skip
+            msgs = [m for m in consumer.consume(max(min(10000, left), 1), 1.0) if m.error() is None]
             if msgs:
                 rows += records_to_batch(msgs).num_rows
                 for m in msgs:
@@ -203,8 +223,9 @@ def _direct(bootstrap: str, topic: str) -> tuple[int, float]:
         consumer.close()
 
 
-def _query(spark: Any, bootstrap: str, topic: str, group: str, max_per_trigger: int | None,
-           workdir: Path) -> tuple[float, float, list[dict[str, Any]]]:  # fmt: skip
+def _query(
+    spark: Any, bootstrap: str, topic: str, group: str, max_per_trigger: int | None, workdir: Path
+) -> tuple[float, float, list[dict[str, Any]]]:
     """(wall seconds, wall-clock start, progress of the batches with rows)."""
     stream = (
         spark.readStream.format("kip848")
@@ -266,10 +287,18 @@ def run(quick: bool = False) -> dict[str, Any]:
             _step("warming executor consumers of the topic (a 4-record batch read)")
             # The direct reader connects before its timed read; so do the pooled executor
             # consumers (shared by every query of a worker), which then seek back to 0.
-            (spark.read.format("kip848").option("kafka.bootstrap.servers", bootstrap)
-             .option("subscribe", "bench").option("rowsPerTask", 1)
-             .option("endingOffsets", json.dumps({"bench": dict.fromkeys(
-                 [str(p) for p in range(PARTITIONS)], 1)})).load().count())  # fmt: skip
+            (
+                spark.read.format("kip848")
+                .option("kafka.bootstrap.servers", bootstrap)
+                .option("subscribe", "bench")
+                .option("rowsPerTask", 1)
+                .option(
+                    "endingOffsets",
+                    json.dumps({"bench": dict.fromkeys([str(p) for p in range(PARTITIONS)], 1)}),
+                )
+                .load()
+                .count()
+            )
             _step("one-batch query")
             wall, t0, progress = _query(spark, bootstrap, "bench", "bench-one", None, workdir)
             assert sum(p["numInputRows"] for p in progress) == records
@@ -288,10 +317,12 @@ def run(quick: bool = False) -> dict[str, Any]:
             noop = [p["durationMs"]["triggerExecution"] for p in noop_progress]
             _step("no-op source, the one-batch query's shape")
             # As many tasks as the kip848 source planned for the one batch.
-            tasks = len(pack_tasks(
-                [OffsetRange("bench", p, 0, records // PARTITIONS) for p in range(PARTITIONS)],
-                SourceOptions.rows_per_task,
-            ))  # fmt: skip
+            tasks = len(
+                pack_tasks(
+                    [OffsetRange("bench", p, 0, records // PARTITIONS) for p in range(PARTITIONS)],
+                    SourceOptions.rows_per_task,
+                )
+            )
             noop_wall, noop_t0, noop_one = _noop_query(spark, records, 1, workdir / "n3", tasks)
     finally:
         spark.stop()

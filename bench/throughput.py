@@ -73,8 +73,12 @@ def _raw(bootstrap: str, topic: str, partitions: int, n: int, batch: bool) -> tu
             **CONSUMER_CONFIG,
         }
     )
-    c.assign([confluent_kafka.TopicPartition(topic, p, confluent_kafka.OFFSET_BEGINNING)
-              for p in range(partitions)])  # fmt: skip
+    c.assign(
+        [
+            confluent_kafka.TopicPartition(topic, p, confluent_kafka.OFFSET_BEGINNING)
+            for p in range(partitions)
+        ]
+    )
     try:
         return _read(c, n, batch, lambda got: f"raw consumer read {got} of {n} records in 300 s")
     finally:
@@ -84,13 +88,21 @@ def _raw(bootstrap: str, topic: str, partitions: int, n: int, batch: bool) -> tu
 def _sdk(bootstrap: str, topic: str, n: int, batch: bool) -> tuple[float, float]:
     from consumer_sdk import Consumer
 
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"sdk-{uuid.uuid4().hex[:6]}",
-                  "auto.offset.reset": "earliest", **CONSUMER_CONFIG})  # fmt: skip
+    c = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"sdk-{uuid.uuid4().hex[:6]}",
+            "auto.offset.reset": "earliest",
+            **CONSUMER_CONFIG,
+        }
+    )
     c.subscribe([topic])
 
     def what(got: int) -> str:
-        return (f"SDK consumer read {got} of {n} records in 300 s (state {c.state.name}, "
-                f"assignment {[tp.partition for tp in c.assignment()]})")  # fmt: skip
+        return (
+            f"SDK consumer read {got} of {n} records in 300 s (state {c.state.name}, "
+            f"assignment {[tp.partition for tp in c.assignment()]})"
+        )
 
     try:
         return _read(c, n, batch, what)
@@ -139,22 +151,31 @@ def run(
                 results.setdefault(f"sdk_cpu_{mode}", []).append(sdk_cpu)
                 ratios[mode].append(sdk / raw)
                 cpu_ratios[mode].append(sdk_cpu / raw_cpu)
-    out: dict[str, Any] = {"records": n, "record_bytes": 100, "partitions": partitions,
-                           "pairs": pairs, "config": dict(CONSUMER_CONFIG)}  # fmt: skip
+    out: dict[str, Any] = {
+        "records": n,
+        "record_bytes": 100,
+        "partitions": partitions,
+        "pairs": pairs,
+        "config": dict(CONSUMER_CONFIG),
+    }
     if n <= 0:
         raise RuntimeError("the broker holds no records to read")
     for mode in ("poll", "consume"):
         raw = statistics.median(results[f"raw_{mode}"])
         sdk = statistics.median(results[f"sdk_{mode}"])
-        out[mode] = {"raw_per_s": raw, "sdk_per_s": sdk,
-                     "ratio": statistics.median(ratios[mode]), "ratios": ratios[mode],
-                     "raw_all": results[f"raw_{mode}"],
-                     "sdk_all": results[f"sdk_{mode}"],
-                     # records per CPU second of the consuming process (all its threads)
-                     "raw_per_cpu_s": statistics.median(results[f"raw_cpu_{mode}"]),
-                     "sdk_per_cpu_s": statistics.median(results[f"sdk_cpu_{mode}"]),
-                     "cpu_ratio": statistics.median(cpu_ratios[mode]),
-                     "cpu_ratios": cpu_ratios[mode]}  # fmt: skip
+        out[mode] = {
+            "raw_per_s": raw,
+            "sdk_per_s": sdk,
+            "ratio": statistics.median(ratios[mode]),
+            "ratios": ratios[mode],
+            "raw_all": results[f"raw_{mode}"],
+            "sdk_all": results[f"sdk_{mode}"],
+            # records per CPU second of the consuming process (all its threads)
+            "raw_per_cpu_s": statistics.median(results[f"raw_cpu_{mode}"]),
+            "sdk_per_cpu_s": statistics.median(results[f"sdk_cpu_{mode}"]),
+            "cpu_ratio": statistics.median(cpu_ratios[mode]),
+            "cpu_ratios": cpu_ratios[mode],
+        }
     return out
 
 
@@ -162,5 +183,7 @@ if __name__ == "__main__":
     result = run(quick="--quick" in sys.argv)
     for mode in ("poll", "consume"):
         row = result[mode]
-        print(f"{mode:<8} raw {row['raw_per_s']:,.0f}/s  sdk {row['sdk_per_s']:,.0f}/s  "
-              f"ratio {row['ratio']:.2f}  per CPU second {row['cpu_ratio']:.2f}")  # fmt: skip
+        print(
+            f"{mode:<8} raw {row['raw_per_s']:,.0f}/s  sdk {row['sdk_per_s']:,.0f}/s  "
+            f"ratio {row['ratio']:.2f}  per CPU second {row['cpu_ratio']:.2f}"
+        )

@@ -107,8 +107,10 @@ def plan(args: argparse.Namespace) -> int:
     for m in previous:
         members.setdefault(m, Subscription(topics=set(partitions)))
     target = assign(args.assignor, members=members, partitions=partitions, previous=previous)
-    sys.stdout.write(f"{args.assignor} assignment of {sum(partitions.values())} partitions "
-                     f"to {len(members)} members\n")  # fmt: skip
+    sys.stdout.write(
+        f"{args.assignor} assignment of {sum(partitions.values())} partitions "
+        f"to {len(members)} members\n"
+    )
     for member in sorted(target):
         parts = target[member]
         total = sum(len(ps) for ps in parts.values())
@@ -179,14 +181,17 @@ def build_parser() -> argparse.ArgumentParser:
         "--timeout", type=float, default=10.0, help="seconds to wait for the broker (default: 10)"
     )
     p_desc.add_argument(
-        "-X", action="append", metavar="KEY=VALUE",
+        "-X",
+        action="append",
+        metavar="KEY=VALUE",
         help="a librdkafka connection setting, repeatable, e.g. -X security.protocol=SASL_SSL "
         "-X sasl.mechanism=SCRAM-SHA-512 -X sasl.username=... (TLS, SASL, timeouts)",
-    )  # fmt: skip
+    )
     p_desc.add_argument(
-        "--command-config", metavar="FILE",
+        "--command-config",
+        metavar="FILE",
         help="a properties file of librdkafka connection settings (key=value lines); -X wins",
-    )  # fmt: skip
+    )
     p_desc.set_defaults(func=describe)
     p_plan = sub.add_parser(
         "plan",

@@ -150,16 +150,16 @@ class ConsumerConfig(BaseModel):
     client_rack: str | None = Field(default=None, alias="client.rack")
     group_protocol: Literal["consumer"] = Field(default="consumer", alias="group.protocol")
     group_remote_assignor: str | None = Field(default=None, alias="group.remote.assignor")
-    max_poll_interval_ms: int = Field(default=300_000, ge=1, le=86_400_000,
-                                      alias="max.poll.interval.ms")  # fmt: skip
+    max_poll_interval_ms: int = Field(
+        default=300_000, ge=1, le=86_400_000, alias="max.poll.interval.ms"
+    )
     enable_auto_commit: bool = Field(default=True, alias="enable.auto.commit")
     auto_commit_interval_ms: int = Field(default=5_000, ge=0, alias="auto.commit.interval.ms")
     auto_offset_reset: Literal["earliest", "latest", "error"] = Field(
         default="latest", alias="auto.offset.reset"
     )
     retry_backoff_ms: int = Field(default=100, ge=1, le=300_000, alias="retry.backoff.ms")
-    retry_backoff_max_ms: int = Field(default=1_000, ge=1, le=300_000,
-                                      alias="retry.backoff.max.ms")  # fmt: skip
+    retry_backoff_max_ms: int = Field(default=1_000, ge=1, le=300_000, alias="retry.backoff.max.ms")
     enable_auto_offset_store: bool = Field(default=True, alias="enable.auto.offset.store")
 
     connection: ConnectionSettings = Field(exclude=True)

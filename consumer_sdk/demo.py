@@ -177,12 +177,16 @@ class Demo:
             consumed = [r for m in self.members for r in m.records]
             unique = set(consumed)
             self._log("\n== summary")
-            self._log(f"   records produced: {self.produced}, consumed: {len(unique)} unique, "
-                      f"{len(consumed) - len(unique)} redelivered after fencing/leave")  # fmt: skip
+            self._log(
+                f"   records produced: {self.produced}, consumed: {len(unique)} unique, "
+                f"{len(consumed) - len(unique)} redelivered after fencing/leave"
+            )
             for m in self.members:
                 if m.first_assignment_s is not None:
-                    self._log(f"   {m.name}: first partitions {m.first_assignment_s * 1000:.0f} ms "
-                              "after subscribe")  # fmt: skip
+                    self._log(
+                        f"   {m.name}: first partitions {m.first_assignment_s * 1000:.0f} ms "
+                        "after subscribe"
+                    )
             missing = self.produced - len(unique)
             self._log("   no record lost" if missing == 0 else f"   {missing} records not consumed")
             return 0 if missing == 0 else 1

@@ -28,8 +28,9 @@ def run(bootstrap: str, topic: str, records: int) -> None:
             processed.pop((p.topic, p.partition), None)
 
     def on_assign(consumer: Any, partitions: list[TopicPartition]) -> None:
-        print(f"assigned {[p.partition for p in partitions]} (member epoch "
-              f"{consumer.member_epoch})")  # fmt: skip
+        print(
+            f"assigned {[p.partition for p in partitions]} (member epoch {consumer.member_epoch})"
+        )
 
     config = {
         "bootstrap.servers": bootstrap,

@@ -83,8 +83,9 @@ def _by_time(
     if not stamps:
         return {}
     query = [TopicPartition(t, p, ts) for (t, p), ts in sorted(stamps.items())]
-    found = _retry(o, "offsets for timestamps",
-                   lambda: client.offsets_for_times(query, timeout=10.0))  # fmt: skip
+    found = _retry(
+        o, "offsets for timestamps", lambda: client.offsets_for_times(query, timeout=10.0)
+    )
     out = {}
     for tp in found:
         if tp.error is not None:
@@ -104,8 +105,8 @@ def plan_batch(o: SourceOptions) -> list[OffsetRange]:
             lo, hi = _retry(
                 o,
                 f"the watermarks of {tp[0]}[{tp[1]}]",
-                lambda tp=tp: (
-                    client.get_watermark_offsets(TopicPartition(*tp), timeout=10.0, cached=False)
+                lambda tp=tp: client.get_watermark_offsets(
+                    TopicPartition(*tp), timeout=10.0, cached=False
                 ),
             )
             low[tp], high[tp] = int(lo), int(hi)
@@ -114,8 +115,11 @@ def plan_batch(o: SourceOptions) -> list[OffsetRange]:
             if o.starting_timestamp is not None
             else {p: ts for p, ts in (o.starting_by_timestamp or {}).items() if p in low}
         )
-        end_ts = {p: o.ending_timestamp for p in parts} if o.ending_timestamp is not None \
-            else {p: ts for p, ts in (o.ending_by_timestamp or {}).items() if p in low}  # fmt: skip
+        end_ts = (
+            {p: o.ending_timestamp for p in parts}
+            if o.ending_timestamp is not None
+            else {p: ts for p, ts in (o.ending_by_timestamp or {}).items() if p in low}
+        )
         starts_found, ends_found = _by_time(client, o, start_ts), _by_time(client, o, end_ts)
     finally:
         client.close()
@@ -144,11 +148,15 @@ def plan_batch(o: SourceOptions) -> list[OffsetRange]:
                 f"{until}; check startingOffsets / endingOffsets (or their timestamps)"
             )
         if frm < low[p] or until > high[p]:
-            text = (f"{p[0]}[{p[1]}]: offsets [{frm}, {until}) are not all available (the log "
-                    f"holds [{low[p]}, {high[p]}))")  # fmt: skip
+            text = (
+                f"{p[0]}[{p[1]}]: offsets [{frm}, {until}) are not all available (the log "
+                f"holds [{low[p]}, {high[p]}))"
+            )
             if o.fail_on_data_loss:
-                raise DataLossError(f"kip848: {text}; set failOnDataLoss=false to read what is "
-                                    "available with a warning")  # fmt: skip
+                raise DataLossError(
+                    f"kip848: {text}; set failOnDataLoss=false to read what is "
+                    "available with a warning"
+                )
             log.warning("kip848: %s; reading what is available (failOnDataLoss=false)", text)
             frm, until = max(frm, low[p]), min(until, high[p])
         if frm < until:

@@ -73,9 +73,13 @@ _RECONCILED_SOON = frozenset({MemberState.RECONCILING, MemberState.ACKNOWLEDGING
 _COMMIT_TIMEOUT_S = 5.0
 #: Errors meaning "this topic or partition does not exist (any more)".
 _UNKNOWN = frozenset(
-    {KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC, KafkaError._UNKNOWN_PARTITION,
-     KafkaError.UNKNOWN_TOPIC_ID}
-)  # fmt: skip
+    {
+        KafkaError.UNKNOWN_TOPIC_OR_PART,
+        KafkaError._UNKNOWN_TOPIC,
+        KafkaError._UNKNOWN_PARTITION,
+        KafkaError.UNKNOWN_TOPIC_ID,
+    }
+)
 
 
 def _tps(parts: Iterable[Partition]) -> list[TopicPartition]:
@@ -228,8 +232,11 @@ class GroupReader:
                 on_lost=self._on_lost,
             )
             self._member = member
-            log.info("kip848: joining group %s for %s", self.options.group_id,
-                     self.options.subscription or self.options.assign)  # fmt: skip
+            log.info(
+                "kip848: joining group %s for %s",
+                self.options.group_id,
+                self.options.subscription or self.options.assign,
+            )
             self._joined = False
             self._start_watcher()
         if wait and not self._joined:
@@ -237,8 +244,12 @@ class GroupReader:
             self._wait_stable(self._member)
             self._joined = True
             ms = round((time.monotonic() - started) * 1000)
-            log.info("kip848: group %s: assignment reconciled in %d ms: %s",
-                     self.options.group_id, ms, _names(self._owned))  # fmt: skip
+            log.info(
+                "kip848: group %s: assignment reconciled in %d ms: %s",
+                self.options.group_id,
+                ms,
+                _names(self._owned),
+            )
             self._event("stable", sorted(self._owned), ms=ms, epoch=self._member.member_epoch)
         return self._member
 
@@ -302,9 +313,11 @@ class GroupReader:
             if time.monotonic() >= deadline:
                 log.warning(
                     "kip848: group %s: not stable after %d ms (state %s); continuing with %s",
-                    self.options.group_id, self.options.join_timeout_ms, member.state.name,
+                    self.options.group_id,
+                    self.options.join_timeout_ms,
+                    member.state.name,
                     sorted(self._owned),
-                )  # fmt: skip
+                )
                 return
 
     def _poll(self, member: Any, timeout: float = 0.0) -> None:
@@ -351,8 +364,12 @@ class GroupReader:
             self._gone.discard(p)
         if self._available_now is not None:
             self._available_now.update(self._watermarks(parts)[1])
-        self._event("assign", parts, starts={f"{t}:{p}": self._pending[(t, p)] for t, p in parts},
-                    epoch=member.member_epoch)  # fmt: skip
+        self._event(
+            "assign",
+            parts,
+            starts={f"{t}:{p}": self._pending[(t, p)] for t, p in parts},
+            epoch=member.member_epoch,
+        )
 
     def _on_revoke(self, member: Any, tps: list[TopicPartition]) -> None:
         parts = _parts(tps)
@@ -369,8 +386,12 @@ class GroupReader:
             except (KafkaException, ValueError) as exc:
                 log.warning("kip848: commit on revoke of %s failed: %s", parts, exc)
         self._drop(parts)
-        self._event("revoke", parts, committed={f"{t}:{p}": o for (t, p), o in committed.items()},
-                    epoch=member.member_epoch)  # fmt: skip
+        self._event(
+            "revoke",
+            parts,
+            committed={f"{t}:{p}": o for (t, p), o in committed.items()},
+            epoch=member.member_epoch,
+        )
 
     def _on_lost(self, member: Any, tps: list[TopicPartition]) -> None:
         parts = _parts(tps)
@@ -392,9 +413,10 @@ class GroupReader:
             if self._initial is None:
                 member = self._ensure_member(wait=True)
                 offset = SourceOffset(
-                    positions=dict(self._pending), epoch=member.member_epoch,
+                    positions=dict(self._pending),
+                    epoch=member.member_epoch,
                     member_id=member.member_id,
-                )  # fmt: skip
+                )
                 self._pending.clear()
                 self._remember(offset)
                 self._initial = offset.to_json()
@@ -417,9 +439,12 @@ class GroupReader:
             return self._latest_offset(start, max_rows, min_rows, all_available)
 
     def _latest_offset(
-        self, start: Mapping[str, Any] | None, max_rows: int | None, min_rows: int,
+        self,
+        start: Mapping[str, Any] | None,
+        max_rows: int | None,
+        min_rows: int,
         all_available: bool,
-    ) -> dict[str, Any]:  # fmt: skip
+    ) -> dict[str, Any]:
         begin = SourceOffset.from_json(start)
         if self._initial is None and self._member is None:
             self._restarted = True  # resumed from a checkpoint: initialOffset never called
@@ -453,8 +478,9 @@ class GroupReader:
                 froms.pop(p, None)
             else:  # not deleted: metadata not propagated yet; no new data this time
                 low[p] = high[p] = froms[p]
-        lost = {p: (frm, low[p], high[p]) for p, frm in froms.items()
-                if frm < low[p] or frm > high[p]}  # fmt: skip
+        lost = {
+            p: (frm, low[p], high[p]) for p, frm in froms.items() if frm < low[p] or frm > high[p]
+        }
         if lost:
             self._data_loss(lost)
             for p in lost:
@@ -678,14 +704,20 @@ class GroupReader:
                 if not todo:
                     return
                 self._kafka_committed.update(todo)
-                self._event("commit", sorted(todo),
-                            offsets={f"{t}:{p}": o for (t, p), o in todo.items()},
-                            epoch=member.member_epoch)  # fmt: skip
+                self._event(
+                    "commit",
+                    sorted(todo),
+                    offsets={f"{t}:{p}": o for (t, p), o in todo.items()},
+                    epoch=member.member_epoch,
+                )
                 return
             except KafkaException as exc:  # e.g. STALE_MEMBER_EPOCH mid-rebalance
                 if attempt == 2:
-                    log.warning("kip848: committing %s failed: %s (retried next batch)", todo,
-                                exc.args[0].str())  # fmt: skip
+                    log.warning(
+                        "kip848: committing %s failed: %s (retried next batch)",
+                        todo,
+                        exc.args[0].str(),
+                    )
                 else:
                     self._poll(member, 0.1)
                     todo = {p: o for p, o in todo.items() if p in self._owned}
@@ -698,8 +730,9 @@ class GroupReader:
         try:
             member.commit(
                 offsets=[TopicPartition(t, p, o) for (t, p), o in sorted(offsets.items())],
-                asynchronous=False, timeout=_COMMIT_TIMEOUT_S,
-            )  # fmt: skip
+                asynchronous=False,
+                timeout=_COMMIT_TIMEOUT_S,
+            )
             return dict(offsets)
         except KafkaException as exc:
             if exc.args[0].code() not in _UNKNOWN:
@@ -711,8 +744,9 @@ class GroupReader:
         if rest:
             member.commit(
                 offsets=[TopicPartition(t, p, o) for (t, p), o in sorted(rest.items())],
-                asynchronous=False, timeout=_COMMIT_TIMEOUT_S,
-            )  # fmt: skip
+                asynchronous=False,
+                timeout=_COMMIT_TIMEOUT_S,
+            )
         return rest
 
     def _data_loss(self, lost: Mapping[Partition, tuple[int, int, int]]) -> None:
@@ -729,8 +763,10 @@ class GroupReader:
                 f"kip848: {text}. Set failOnDataLoss=false to continue from the earliest "
                 "available offsets with a warning"
             )
-        log.warning("kip848: %s; continuing from the earliest available offsets "
-                    "(failOnDataLoss=false)", text)  # fmt: skip
+        log.warning(
+            "kip848: %s; continuing from the earliest available offsets (failOnDataLoss=false)",
+            text,
+        )
 
     def _deleted(self, candidates: set[Partition]) -> set[Partition]:
         """Those of ``candidates`` whose topic (or partition) no longer exists."""
@@ -812,9 +848,11 @@ class GroupReader:
             except KafkaException as exc:
                 if exc.args[0].code() not in _UNKNOWN:
                     raise KafkaException(
-                        KafkaError(exc.args[0].code(),
-                                   f"kip848: the offsets of {t}[{p}]: {exc.args[0].str()}")
-                    ) from None  # fmt: skip
+                        KafkaError(
+                            exc.args[0].code(),
+                            f"kip848: the offsets of {t}[{p}]: {exc.args[0].str()}",
+                        )
+                    ) from None
                 unknown.append((t, p))
                 continue
             low[(t, p)], high[(t, p)] = int(lo), int(hi)
@@ -839,8 +877,11 @@ class GroupReader:
             for p in new:
                 out[p] = low.get(p, 0)
             starts = {f"{t}[{p}]": out[(t, p)] for t, p in new}
-            log.info("kip848: %s: new since the query started; reading from the earliest "
-                     "offsets %s", _names(new), starts)  # fmt: skip
+            log.info(
+                "kip848: %s: new since the query started; reading from the earliest offsets %s",
+                _names(new),
+                starts,
+            )
         return out
 
     def _starting_offsets(self, parts: list[Partition]) -> dict[Partition, int]:
@@ -862,11 +903,18 @@ class GroupReader:
             if p in out:
                 continue
             spec = o.starting_offsets
-            wanted = spec.get(p, EARLIEST) if isinstance(spec, dict) else (
-                EARLIEST if spec == "earliest" else LATEST
-            )  # fmt: skip
-            out[p] = low.get(p, 0) if wanted == EARLIEST else high.get(p, 0) \
-                if wanted == LATEST else wanted  # fmt: skip
+            wanted = (
+                spec.get(p, EARLIEST)
+                if isinstance(spec, dict)
+                else (EARLIEST if spec == "earliest" else LATEST)
+            )
+            out[p] = (
+                low.get(p, 0)
+                if wanted == EARLIEST
+                else high.get(p, 0)
+                if wanted == LATEST
+                else wanted
+            )
         return out
 
     def _offsets_for_times(
@@ -892,8 +940,11 @@ class GroupReader:
             else:
                 missing.append(f"{tp.topic}[{tp.partition}] (timestamp {stamps[p]})")
         if missing:
-            option = "startingTimestamp" if self.options.starting_timestamp is not None else \
-                "startingOffsetsByTimestamp"  # fmt: skip
+            option = (
+                "startingTimestamp"
+                if self.options.starting_timestamp is not None
+                else "startingOffsetsByTimestamp"
+            )
             raise ValueError(
                 f"kip848: {option}: no record at or after the timestamp in {', '.join(missing)}; "
                 "set startingOffsetsByTimestampStrategy=latest to start those partitions at "

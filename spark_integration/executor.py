@@ -368,8 +368,9 @@ def _consume(
                     break
                 if err.code() in _UNKNOWN:
                     if _topic_gone(entry, r.topic, r.partition):
-                        _data_loss(task, r, f"the topic or partition no longer exists "
-                                            f"({err.str()})")  # fmt: skip
+                        _data_loss(
+                            task, r, f"the topic or partition no longer exists ({err.str()})"
+                        )
                         return
                     continue
                 if err.fatal() or not err.retriable():

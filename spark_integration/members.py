@@ -143,8 +143,11 @@ class GroupMembersJob:
                 self._restarts[index] += 1
                 log.warning(
                     "kip848: group member %d died (%s); restarting it in %.1f s (restart %d)",
-                    index, str(exc).splitlines()[0][:300], delay, self._restarts[index],
-                )  # fmt: skip
+                    index,
+                    str(exc).splitlines()[0][:300],
+                    delay,
+                    self._restarts[index],
+                )
                 if self._stopping.wait(delay):
                     return
 
@@ -257,8 +260,14 @@ def run_group_members(
         batch_timeout_s=batch_timeout_s,
         include_headers=include_headers,
     )
-    job = GroupMembersJob(spark, cdir, members, f"kip848-members-{uuid.uuid4().hex[:8]}",
-                          restart_backoff_s, max_restarts)  # fmt: skip
+    job = GroupMembersJob(
+        spark,
+        cdir,
+        members,
+        f"kip848-members-{uuid.uuid4().hex[:8]}",
+        restart_backoff_s,
+        max_restarts,
+    )
 
     def task(indexes: Iterator[int]) -> Iterator[str]:
         for index in indexes:
@@ -271,12 +280,17 @@ def run_group_members(
         return list(sc.parallelize([index], 1).mapPartitions(task).collect())
 
     for index in range(members):
-        thread = threading.Thread(target=job._supervise, args=(index, one),
-                                  name=f"kip848-member-{index}", daemon=True)  # fmt: skip
+        thread = threading.Thread(
+            target=job._supervise, args=(index, one), name=f"kip848-member-{index}", daemon=True
+        )
         job._threads.append(thread)
         thread.start()
-    log.info("kip848: started %d group member(s) of %s; control dir %s", members,
-             config.get("group.id"), cdir)  # fmt: skip
+    log.info(
+        "kip848: started %d group member(s) of %s; control dir %s",
+        members,
+        config.get("group.id"),
+        cdir,
+    )
     return job
 
 
@@ -323,8 +337,13 @@ class _MemberLoop:
 
     def event(self, kind: str, **extra: Any) -> None:
         self._seq += 1
-        record = {"t": time.time(), "seq": self._seq, "member": self.index, "kind": kind,
-                  "pid": os.getpid()}  # fmt: skip
+        record = {
+            "t": time.time(),
+            "seq": self._seq,
+            "member": self.index,
+            "kind": kind,
+            "pid": os.getpid(),
+        }
         record.update(extra)
         self._events.write(json.dumps(record) + "\n")
         self._events.flush()
@@ -338,9 +357,11 @@ class _MemberLoop:
         started = time.monotonic()
         try:
             consumer.subscribe(
-                self.s.topics, on_assign=self._on_assign, on_revoke=self._on_revoke,
+                self.s.topics,
+                on_assign=self._on_assign,
+                on_revoke=self._on_revoke,
                 on_lost=self._on_lost,
-            )  # fmt: skip
+            )
             self.event("start", pid=os.getpid(), member_id=consumer.member_id)
             last_check = 0.0
             while True:
@@ -417,8 +438,11 @@ class _MemberLoop:
             span[0], span[1] = min(span[0], m.offset()), max(span[1], m.offset())
         self.report.records += len(msgs)
         self.report.batches += 1
-        self.event("processed", records=len(msgs),
-                   spans={f"{t}:{p}": s for (t, p), s in sorted(spans.items())})  # fmt: skip
+        self.event(
+            "processed",
+            records=len(msgs),
+            spans={f"{t}:{p}": s for (t, p), s in sorted(spans.items())},
+        )
 
     def _commit(self, parts: set[Partition] | None, asynchronous: bool) -> None:
         from confluent_kafka import KafkaException, TopicPartition
@@ -447,8 +471,11 @@ class _MemberLoop:
 
     def _on_assign(self, consumer: Any, tps: list[Any]) -> None:
         if tps:
-            self.event("assign", partitions=[f"{tp.topic}:{tp.partition}" for tp in tps],
-                       epoch=consumer.member_epoch)  # fmt: skip
+            self.event(
+                "assign",
+                partitions=[f"{tp.topic}:{tp.partition}" for tp in tps],
+                epoch=consumer.member_epoch,
+            )
 
     def _on_revoke(self, consumer: Any, tps: list[Any]) -> None:
         if not tps:

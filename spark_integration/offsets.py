@@ -168,11 +168,13 @@ def parse_timestamps(value: str, what: str) -> dict[Partition, int]:
     try:
         data = json.loads(value)
     except ValueError:
-        raise ValueError(f"{what}: expected JSON {{topic: {{partition: timestamp}}}}, "
-                         f"got {value!r}") from None  # fmt: skip
+        raise ValueError(
+            f"{what}: expected JSON {{topic: {{partition: timestamp}}}}, got {value!r}"
+        ) from None
     if not isinstance(data, Mapping) or not data:
-        raise ValueError(f"{what}: the JSON must be a non-empty object "
-                         "{topic: {partition: ms}}")  # fmt: skip
+        raise ValueError(
+            f"{what}: the JSON must be a non-empty object {{topic: {{partition: ms}}}}"
+        )
     out = _flat(data, what)
     bad = [f"{t}[{p}]={ts}" for (t, p), ts in out.items() if ts < 0]
     if bad:

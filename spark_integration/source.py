@@ -140,9 +140,11 @@ class Kip848StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  
         elif isinstance(limit, ReadMaxRows):
             min_rows = self.options.min_offsets_per_trigger or 0
         return self._driver().latest_offset(
-            start, max_rows=max_rows, min_rows=min_rows,
+            start,
+            max_rows=max_rows,
+            min_rows=min_rows,
             all_available=isinstance(limit, ReadAllAvailable),
-        )  # fmt: skip
+        )
 
     def reportLatestOffset(self) -> dict[str, Any] | None:
         return self._driver().report_latest_offset()
@@ -181,10 +183,17 @@ class Kip848BatchReader(DataSourceReader):  # type: ignore[misc,unused-ignore]
         from spark_integration.batch import plan_batch  # driver only: no consumer_sdk on executors
 
         return _tasks(self.options, plan_batch(self.options)) or [
-            Kip848Partition(ReadTask.make((), {}, include_headers=self.options.include_headers,
-                                          fail_on_data_loss=True,
-                                          poll_timeout_ms=1, arrow_batch_size=1))
-        ]  # fmt: skip
+            Kip848Partition(
+                ReadTask.make(
+                    (),
+                    {},
+                    include_headers=self.options.include_headers,
+                    fail_on_data_loss=True,
+                    poll_timeout_ms=1,
+                    arrow_batch_size=1,
+                )
+            )
+        ]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         task: ReadTask = partition.value

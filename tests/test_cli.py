@@ -17,8 +17,11 @@ from consumer_sdk.testing import EmbeddedKafka
 def test_demo_runs_and_loses_nothing() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "consumer_sdk.cli", "demo", "--step", "0.5"],
-        capture_output=True, text=True, timeout=180, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     out = result.stdout
     assert "a confluent-kafka member (group.protocol=consumer) joined" in out
@@ -30,11 +33,23 @@ def test_plan_prints_a_balanced_assignment_and_the_moves(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     previous = tmp_path / "prev.json"
-    previous.write_text(json.dumps({"member-1": {"orders": [0, 1, 2, 3]},
-                                    "member-2": {"orders": [4, 5, 6, 7]}}))  # fmt: skip
+    previous.write_text(
+        json.dumps({"member-1": {"orders": [0, 1, 2, 3]}, "member-2": {"orders": [4, 5, 6, 7]}})
+    )
     out_file = tmp_path / "target.json"
-    code = main(["plan", "--members", "3", "--topic", "orders:8", "--previous", str(previous),
-                 "--json", str(out_file)])  # fmt: skip
+    code = main(
+        [
+            "plan",
+            "--members",
+            "3",
+            "--topic",
+            "orders:8",
+            "--previous",
+            str(previous),
+            "--json",
+            str(out_file),
+        ]
+    )
     assert code == 0
     text = capsys.readouterr().out
     assert "uniform assignment of 8 partitions to 3 members" in text
@@ -52,8 +67,9 @@ def test_plan_rejects_a_bad_topic_spec(capsys: pytest.CaptureFixture[str]) -> No
 
 
 def test_simulate_front_end(capsys: pytest.CaptureFixture[str]) -> None:
-    code = main(["simulate", "--members", "10", "--partitions", "30", "--minutes", "1",
-                 "--seed", "5"])  # fmt: skip
+    code = main(
+        ["simulate", "--members", "10", "--partitions", "30", "--minutes", "1", "--seed", "5"]
+    )
     assert code == 0
     assert "violations         0" in capsys.readouterr().out
 
@@ -61,8 +77,9 @@ def test_simulate_front_end(capsys: pytest.CaptureFixture[str]) -> None:
 def test_describe_reports_a_broker_without_consumer_group_describe(
     embedded_kafka: EmbeddedKafka, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code = main(["describe", "some-group", "-b", embedded_kafka.bootstrap_servers,
-                 "--timeout", "5"])  # fmt: skip
+    code = main(
+        ["describe", "some-group", "-b", embedded_kafka.bootstrap_servers, "--timeout", "5"]
+    )
     assert code == 1
     err = capsys.readouterr().err
     assert "describe 'some-group' failed" in err and "ConsumerGroupDescribe (API 69)" in err

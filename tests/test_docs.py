@@ -18,8 +18,11 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_generated_reference_pages_are_current() -> None:
     result = subprocess.run(
         [sys.executable, str(ROOT / "docs" / "gen.py"), "--check"],
-        cwd=ROOT, capture_output=True, text=True, check=False,
-    )  # fmt: skip
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -33,8 +36,13 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     result = subprocess.run(
         [mkdocs, "build", "--strict", "--site-dir", str(out)],
-        cwd=ROOT, env=env, capture_output=True, text=True, check=False, timeout=600,
-    )  # fmt: skip
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     return out
 

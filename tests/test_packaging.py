@@ -214,10 +214,20 @@ def test_wheel_in_a_fresh_venv(
         else "confluent-kafka"
     )
     _run(
-        [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check",
-         str(dists["wheel"]), requirement, "pytest>=8", "pytest-timeout"],
+        [
+            str(python),
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--disable-pip-version-check",
+            str(dists["wheel"]),
+            requirement,
+            "pytest>=8",
+            "pytest-timeout",
+        ],
         cwd=tmp_path,
-    )  # fmt: skip
+    )
     installed = _run(
         [str(python), "-c", "import importlib.metadata as m; print(m.version('confluent-kafka'))"],
         cwd=tmp_path,

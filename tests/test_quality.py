@@ -22,9 +22,33 @@ def _tool(name: str) -> str:
 def test_ruff_clean() -> None:
     result = subprocess.run(
         [_tool("ruff"), "check", "consumer_sdk", "spark_integration", "tests", "bench"],
-        cwd=ROOT, capture_output=True, text=True, check=False,
-    )  # fmt: skip
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_ruff_format_clean() -> None:
+    """Formatting is ruff's, with no per-line exceptions (`# fmt: skip`)."""
+    paths = ["consumer_sdk", "spark_integration", "tests", "bench", "examples", "docs"]
+    result = subprocess.run(
+        [_tool("ruff"), "format", "--check", *paths],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    skips = [
+        f"{path.relative_to(ROOT)}:{number}"
+        for top in paths
+        for path in sorted((ROOT / top).rglob("*.py"))
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if line.rstrip().endswith("# fmt" + ": skip")
+    ]
+    assert not skips, f"per-line format exceptions: {skips}"
 
 
 def test_mypy_clean() -> None:

@@ -67,8 +67,7 @@ from consumer_sdk.error_codes import ErrorCode
 Partition = int
 
 #: driver events counted as chaos actions (``stop``: a member SIGSTOPped past its session)
-ACTION_EVENTS = ("kill", "stop", "restart", "coordinator", "broker_down", "node_kill",
-                 "node_pause")  # fmt: skip
+ACTION_EVENTS = ("kill", "stop", "restart", "coordinator", "broker_down", "node_kill", "node_pause")
 #: real-cluster driver events that cut members off from the coordinator (when they name it)
 CUT_OFF_EVENTS = ("coordinator", "node_kill", "node_pause")
 #: ownerships that ended because the broker fenced the member (module doc)
@@ -245,8 +244,16 @@ def _was_coordinator(fault: dict[str, Any], driver_events: list[dict[str, Any]])
     """Whether the driver's coordinator watch (``coordinator_seen``) shows the faulted node
     as the group's coordinator when the fault began or at any time until the node was back."""
     node, start = fault.get("node"), fault["t"]
-    back = min((ev["t"] for ev in driver_events if ev["ev"] in ("node_resume", "node_started")
-                and ev.get("node") == node and ev["t"] >= start), default=float("inf"))  # fmt: skip
+    back = min(
+        (
+            ev["t"]
+            for ev in driver_events
+            if ev["ev"] in ("node_resume", "node_started")
+            and ev.get("node") == node
+            and ev["t"] >= start
+        ),
+        default=float("inf"),
+    )
     seen = sorted((ev["t"], ev["node"]) for ev in driver_events if ev["ev"] == "coordinator_seen")
     before = [n for t, n in seen if t <= start]
     return (bool(before) and before[-1] == node) or any(
@@ -325,10 +332,16 @@ FENCING_COMMIT_ERRORS = tuple(code.name for code in FENCING_ERRORS)
 def _fencing_commit_error(inc: Incarnation, start: float, end: float) -> float | None:
     """When a commit of ``inc`` first failed with a fencing error between ``start`` and
     ``end``, else None."""
-    return next((ev["t"] for ev in inc.events if ev["ev"] == "commit_failed"
-                 and start <= ev["t"] <= end
-                 and any(code in str(ev.get("error")) for code in FENCING_COMMIT_ERRORS)),
-                None)  # fmt: skip
+    return next(
+        (
+            ev["t"]
+            for ev in inc.events
+            if ev["ev"] == "commit_failed"
+            and start <= ev["t"] <= end
+            and any(code in str(ev.get("error")) for code in FENCING_COMMIT_ERRORS)
+        ),
+        None,
+    )
 
 
 def _traced(inc: Incarnation) -> bool:
@@ -349,13 +362,17 @@ def _fencing_bound(
     successful commit shows the member was in the group when it was sent. A member without a
     heartbeat trace is taken to heartbeat every interval: its last heartbeat was at most one
     interval before its latest successful commit (or its ownership's start)."""
-    commits: list[float] = [ev.get("sent", ev["t"]) for ev in inc.events
-                            if ev["ev"] == "commit" and ev["t"] < before]  # fmt: skip
+    commits: list[float] = [
+        ev.get("sent", ev["t"]) for ev in inc.events if ev["ev"] == "commit" and ev["t"] < before
+    ]
     if not _traced(inc):
         return max(commits, default=start) + session_s - interval_s
     beats = [ev for ev in inc.events if ev["ev"] in ("hb", "hb_sent") and ev["t"] <= before]
-    answered = [ev["sent"] for ev in beats if ev["ev"] == "hb" and ev.get("err") == 0
-                and ev.get("sent") is not None]  # fmt: skip
+    answered = [
+        ev["sent"]
+        for ev in beats
+        if ev["ev"] == "hb" and ev.get("err") == 0 and ev.get("sent") is not None
+    ]
     if not answered:
         return max(commits, default=None)
     last_ok: float = max(answered)
@@ -396,11 +413,27 @@ def librdkafka_heartbeats(lines: Iterable[str]) -> list[dict[str, Any]]:
             sent[inc] = t
             out.append({"t": t, "ev": "hb_sent", "inc": inc, "sent": t})
         elif m["error"] is not None:
-            out.append({"t": t, "ev": "hb", "inc": inc, "sent": sent.get(inc),
-                        "err": int(_LIBRDKAFKA_FENCING.get(m["error"], -1))})  # fmt: skip
+            out.append(
+                {
+                    "t": t,
+                    "ev": "hb",
+                    "inc": inc,
+                    "sent": sent.get(inc),
+                    "err": int(_LIBRDKAFKA_FENCING.get(m["error"], -1)),
+                }
+            )
         else:
-            out.append({"t": t, "ev": "hb", "inc": inc, "mid": m["mid"], "err": 0,
-                        "resp_ep": int(m["ep"]), "sent": sent.get(inc)})  # fmt: skip
+            out.append(
+                {
+                    "t": t,
+                    "ev": "hb",
+                    "inc": inc,
+                    "mid": m["mid"],
+                    "err": 0,
+                    "resp_ep": int(m["ep"]),
+                    "sent": sent.get(inc),
+                }
+            )
     return out
 
 
@@ -487,10 +520,14 @@ def _ck_owner_evidence(
     that, after the coordinator went down or moved (librdkafka closes its coordinator
     connection when the coordinator changes, and the mock then forgets its partitions)."""
     grants = [
-        e for e in taker.events
-        if e["ev"] == "hb" and e.get("assigned") is not None and a.partition in e["assigned"]
-        and e["t"] <= b.start and b.start - e["t"] < 10.0
-    ]  # fmt: skip
+        e
+        for e in taker.events
+        if e["ev"] == "hb"
+        and e.get("assigned") is not None
+        and a.partition in e["assigned"]
+        and e["t"] <= b.start
+        and b.start - e["t"] < 10.0
+    ]
     if not grants:
         return None
     grant = grants[-1]
@@ -533,9 +570,16 @@ def analyze(
     s.produced = sum(end_offsets.values())
     incs = incarnations(member_events, driver_events)
     s.incarnations = len(incs)
-    s.examples = {"lost": [], "unexplained duplicates": [], "overlaps": [],
-                  "regressions": [], "close failures": [], "fatal errors": [],
-                  "zombie windows": [], "mock-reset overlaps": []}  # fmt: skip
+    s.examples = {
+        "lost": [],
+        "unexplained duplicates": [],
+        "overlaps": [],
+        "regressions": [],
+        "close failures": [],
+        "fatal errors": [],
+        "zombie windows": [],
+        "mock-reset overlaps": [],
+    }
     for ev in driver_events:
         if ev["ev"] in ACTION_EVENTS:
             s.actions[ev["ev"]] = s.actions.get(ev["ev"], 0) + 1

@@ -101,15 +101,32 @@ class Driver:
     def spawn(self, name: str, impl: str) -> MemberProc:
         stderr = (self.workdir / "members" / f"{name}.stderr").open("ab")
         argv = [
-            sys.executable, "-m", "consumer_sdk.chaos", "member", "--impl", impl,
-            "--name", name, "--bootstrap", self.kafka.bootstrap_servers, "--group", self.group,
-            "--topic", self.topic, "--log", str(self.workdir / "members" / f"{name}.jsonl"),
-            "--close-timeout", str(self.args.close_timeout),
-        ]  # fmt: skip
+            sys.executable,
+            "-m",
+            "consumer_sdk.chaos",
+            "member",
+            "--impl",
+            impl,
+            "--name",
+            name,
+            "--bootstrap",
+            self.kafka.bootstrap_servers,
+            "--group",
+            self.group,
+            "--topic",
+            self.topic,
+            "--log",
+            str(self.workdir / "members" / f"{name}.jsonl"),
+            "--close-timeout",
+            str(self.args.close_timeout),
+        ]
         proc = subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr,
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
             start_new_session=True,
-        )  # fmt: skip
+        )
         member = MemberProc(name, impl, proc, stderr)
         with self._members_lock:
             self.members[name] = member
@@ -155,10 +172,14 @@ class Driver:
     def _produce(self) -> None:
         from confluent_kafka import Producer
 
-        producer = Producer({
-            "bootstrap.servers": self.kafka.bootstrap_servers,
-            "linger.ms": 5, "acks": "all", "message.timeout.ms": 120_000,
-        })  # fmt: skip
+        producer = Producer(
+            {
+                "bootstrap.servers": self.kafka.bootstrap_servers,
+                "linger.ms": 5,
+                "acks": "all",
+                "message.timeout.ms": 120_000,
+            }
+        )
 
         def delivered(err: Any, msg: Any) -> None:
             if err is None:
@@ -206,8 +227,9 @@ class Driver:
     def end_offsets(self) -> dict[int, int]:
         from confluent_kafka import Consumer, TopicPartition
 
-        consumer = Consumer({"bootstrap.servers": self.kafka.bootstrap_servers,
-                             "group.id": "chaos-watermarks"})  # fmt: skip
+        consumer = Consumer(
+            {"bootstrap.servers": self.kafka.bootstrap_servers, "group.id": "chaos-watermarks"}
+        )
         try:
             return {
                 p: int(consumer.get_watermark_offsets(TopicPartition(self.topic, p), 10.0)[1])
@@ -263,8 +285,12 @@ class Driver:
             broker = self.rng.randint(1, self.args.brokers)
             seconds = self.rng.uniform(1.0, min(2.5, session_s / 2))
             self.kafka.broker_down(broker)
-            self.event("broker_down", broker=broker, seconds=seconds,
-                       coordinator=broker == self.coordinator)  # fmt: skip
+            self.event(
+                "broker_down",
+                broker=broker,
+                seconds=seconds,
+                coordinator=broker == self.coordinator,
+            )
             time.sleep(seconds)
             self.kafka.broker_up(broker)
             self.event("broker_up", broker=broker)
@@ -299,8 +325,11 @@ class Driver:
             # half of the time the coordinator's node, so the group moves by crash and hang too
             others = [n for n in self.kafka.node_ids if n != coordinator]
             node = coordinator if self.rng.random() < 0.5 else self.rng.choice(others)
-            down_s = (session_s + self.rng.uniform(1.0, 3.0) if action == "node_pause"
-                      else self.rng.uniform(2.0, 5.0))  # fmt: skip
+            down_s = (
+                session_s + self.rng.uniform(1.0, 3.0)
+                if action == "node_pause"
+                else self.rng.uniform(2.0, 5.0)
+            )
         fields = {"node": node, "coordinator": node == coordinator, "seconds": down_s}
 
         def fault() -> None:
@@ -392,13 +421,13 @@ class Driver:
             self.kafka.set_group_coordinator(self.group, self.coordinator)
         self.event("start", bootstrap=self.kafka.bootstrap_servers, args=vars(a))
         producer = threading.Thread(target=self._produce, name="chaos-producer", daemon=True)
-        sampler = threading.Thread(target=self._sample_committed, name="chaos-sampler",
-                                   daemon=True)  # fmt: skip
+        sampler = threading.Thread(target=self._sample_committed, name="chaos-sampler", daemon=True)
         producer.start()
         sampler.start()
         if a.broker == "real":
-            threading.Thread(target=self._watch_coordinator, name="chaos-coordinator",
-                             daemon=True).start()  # fmt: skip
+            threading.Thread(
+                target=self._watch_coordinator, name="chaos-coordinator", daemon=True
+            ).start()
         for i in range(a.members):
             self.spawn(f"sdk{i + 1}", "sdk")
         for i in range(a.ck_members):
@@ -510,7 +539,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--workdir", default=None, help="where logs go (default: a new temp dir)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON too")
-    return p  # fmt: skip
+    return p
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -531,9 +560,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.seed is None:
         args.seed = int.from_bytes(os.urandom(4), "big")
     logging.basicConfig(
-        level=logging.INFO, stream=sys.stderr,
+        level=logging.INFO,
+        stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s %(message)s",
-    )  # fmt: skip
+    )
     driver = Driver(args)
     sys.stdout.write(
         f"chaos ({args.broker} broker): {args.duration:.0f}s, {args.members} SDK + "

@@ -50,8 +50,14 @@ class EventLog:
         self.epoch = -1
 
     def write(self, ev: str, flush: bool = False, **fields: Any) -> None:
-        record = {"t": time.time(), "ev": ev, "inc": self.incarnation,
-                  "mid": self.member_id, "ep": self.epoch, **fields}  # fmt: skip
+        record = {
+            "t": time.time(),
+            "ev": ev,
+            "inc": self.incarnation,
+            "mid": self.member_id,
+            "ep": self.epoch,
+            **fields,
+        }
         line = json.dumps(record, separators=(",", ":")) + "\n"
         with self._lock:
             self._file.write(line)
@@ -128,13 +134,21 @@ class ChaosMember:
             return None if topics is None else sorted(p for t in topics for p in t.partitions)
 
         def traced(request: Any, sent: float, response: Any, error: Any) -> None:
-            fields = {"sent": sent, "req_ep": request.member_epoch,
-                      "tp": parts(request.topic_partitions)}  # fmt: skip
+            fields = {
+                "sent": sent,
+                "req_ep": request.member_epoch,
+                "tp": parts(request.topic_partitions),
+            }
             if error is not None:
                 self.log.write("hb", fail=f"{type(error).__name__}: {error}", **fields)
                 return
-            self.log.write("hb", err=response.error_code, resp_ep=response.member_epoch,
-                           assigned=parts(response.assignment), **fields)  # fmt: skip
+            self.log.write(
+                "hb",
+                err=response.error_code,
+                resp_ep=response.member_epoch,
+                assigned=parts(response.assignment),
+                **fields,
+            )
 
         net.heartbeat_trace = traced
 

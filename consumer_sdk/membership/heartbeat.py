@@ -599,9 +599,7 @@ class HeartbeatRequestManager:
         self._sent = _SentFields()
         # A dropped connection to the coordinator is rediscovered and retried like
         # NOT_COORDINATOR: the first time at once, then with backoff.
-        self._timing.on_failure(
-            now_ms, immediate_first=failure.kind is FailureKind.DISCONNECTED
-        )
+        self._timing.on_failure(now_ms, immediate_first=failure.kind is FailureKind.DISCONNECTED)
         if failure.kind.retriable:
             if failure.kind is FailureKind.DISCONNECTED:
                 self._coordinator_known = False

@@ -45,12 +45,20 @@ Partition = tuple[str, int]
 #: Errors after which a commit may be retried (the coordinator may also need rediscovery).
 COMMIT_RETRIABLE = frozenset(
     {
-        E.UNKNOWN_TOPIC_OR_PARTITION, E.LEADER_NOT_AVAILABLE, E.NOT_LEADER_OR_FOLLOWER,
-        E.REQUEST_TIMED_OUT, E.NETWORK_EXCEPTION, E.COORDINATOR_LOAD_IN_PROGRESS,
-        E.COORDINATOR_NOT_AVAILABLE, E.NOT_COORDINATOR, E.UNSTABLE_OFFSET_COMMIT,
-        E.UNKNOWN_TOPIC_ID, E.UNKNOWN_LEADER_EPOCH, E.FENCED_LEADER_EPOCH,
+        E.UNKNOWN_TOPIC_OR_PARTITION,
+        E.LEADER_NOT_AVAILABLE,
+        E.NOT_LEADER_OR_FOLLOWER,
+        E.REQUEST_TIMED_OUT,
+        E.NETWORK_EXCEPTION,
+        E.COORDINATOR_LOAD_IN_PROGRESS,
+        E.COORDINATOR_NOT_AVAILABLE,
+        E.NOT_COORDINATOR,
+        E.UNSTABLE_OFFSET_COMMIT,
+        E.UNKNOWN_TOPIC_ID,
+        E.UNKNOWN_LEADER_EPOCH,
+        E.FENCED_LEADER_EPOCH,
     }
-)  # fmt: skip
+)
 _REDISCOVER = frozenset({E.NOT_COORDINATOR, E.COORDINATOR_NOT_AVAILABLE, E.REQUEST_TIMED_OUT})
 # An episode of retriable failures is logged at INFO when it starts and once at WARNING if it
 # lasts this many attempts (a coordinator still loading is normal for a few hundred ms).
@@ -85,8 +93,12 @@ class _Episode:
         if self.failures == 1:
             log.info("%s failed (%s); retrying in %d ms", self._what, reason, delay)
         elif self.failures == _WARN_AFTER:
-            log.warning("%s still failing after %d attempts (%s); retrying with backoff",
-                        self._what, self.failures, reason)  # fmt: skip
+            log.warning(
+                "%s still failing after %d attempts (%s); retrying with backoff",
+                self._what,
+                self.failures,
+                reason,
+            )
         else:
             log.debug("%s failed (%s); retrying in %d ms", self._what, reason, delay)
         return delay
@@ -160,8 +172,10 @@ class CoordinatorManager:
         self._episode.failed(now_ms, detail)
         self.last_error = (coordinator.error_code, detail)
         if coordinator.error_code == E.GROUP_AUTHORIZATION_FAILED:
-            return (coordinator.error_code, f"FindCoordinator for group {self.group_id!r}: "
-                    f"{detail}")  # fmt: skip
+            return (
+                coordinator.error_code,
+                f"FindCoordinator for group {self.group_id!r}: {detail}",
+            )
         return None
 
     def on_failure(self, now_ms: int, failure: Failure) -> tuple[int, str] | None:
@@ -183,8 +197,12 @@ class CoordinatorManager:
 
     def mark_unknown(self, reason: str) -> None:
         if self.coordinator is not None:
-            log.info("group %s: coordinator %d marked unknown: %s", self.group_id,
-                     self.coordinator.node_id, reason)  # fmt: skip
+            log.info(
+                "group %s: coordinator %d marked unknown: %s",
+                self.group_id,
+                self.coordinator.node_id,
+                reason,
+            )
         self.coordinator = None
 
 
@@ -366,9 +384,10 @@ class CommitRequestManager:
         commit_id = self._next_id
         self._next_id += 1
         todo = {
-            p: o for p, o in offsets.items()
+            p: o
+            for p, o in offsets.items()
             if o.offset >= 0 and o.offset > self._last_committed.get(p, -1)
-        }  # fmt: skip
+        }
         deadline = now_ms + (self._default_timeout if timeout_ms is None else max(timeout_ms, 0))
         pending = _Pending(commit_id, kind, todo, deadline, epoch=epoch)
         if not todo:
@@ -525,14 +544,22 @@ class CommitRequestManager:
             self._finish(p, code, f"{detail} (gave up at the commit timeout)")
             return
         p.retry_at_ms = now_ms + delay
-        log.debug("group %s: commit %d failed (%s); retrying in %d ms", self.group_id,
-                  p.commit_id, detail, delay)  # fmt: skip
+        log.debug(
+            "group %s: commit %d failed (%s); retrying in %d ms",
+            self.group_id,
+            p.commit_id,
+            detail,
+            delay,
+        )
 
     def _expire(self, now_ms: int) -> None:
         for p in list(self._queue):
             if not p.in_flight and now_ms >= p.deadline_ms:
-                self._finish(p, int(E.REQUEST_TIMED_OUT), "the commit timed out before it "
-                             "could be sent (no coordinator)")  # fmt: skip
+                self._finish(
+                    p,
+                    int(E.REQUEST_TIMED_OUT),
+                    "the commit timed out before it could be sent (no coordinator)",
+                )
 
     def _finish(self, p: _Pending, code: int, detail: str) -> None:
         self._queue.remove(p)

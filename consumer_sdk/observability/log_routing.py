@@ -18,8 +18,12 @@ from collections.abc import Iterator
 
 __all__ = ["enable_routing", "route_thread_logs", "routed_logs", "unroute_thread_logs"]
 
-_SDK_LOGGERS = ("consumer_sdk", "consumer_sdk.runtime", "consumer_sdk.protocol",
-                "consumer_sdk.membership")  # fmt: skip
+_SDK_LOGGERS = (
+    "consumer_sdk",
+    "consumer_sdk.runtime",
+    "consumer_sdk.protocol",
+    "consumer_sdk.membership",
+)
 
 
 _Target = logging.Logger | logging.LoggerAdapter[logging.Logger]
@@ -35,9 +39,7 @@ class _ThreadRouter(logging.Filter):
         self._local = threading.local()
 
     def filter(self, record: logging.LogRecord) -> bool:
-        target = getattr(self._local, "target", None) or self.routes.get(
-            threading.current_thread()
-        )
+        target = getattr(self._local, "target", None) or self.routes.get(threading.current_thread())
         if target is None or getattr(self._local, "busy", False):
             return True
         logger = target.logger if isinstance(target, logging.LoggerAdapter) else target

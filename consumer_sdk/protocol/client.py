@@ -125,8 +125,9 @@ class ClusterClient:
                 raise KafkaTimeoutError(f"no time left to connect to {host}:{port}")
             with self._lock:
                 failures = self._backoff.get(node_id, (0, 0.0))[0]
-            self._emit("connect.attempt", node_id=node_id, host=host, port=port,
-                       attempt=failures + 1)  # fmt: skip
+            self._emit(
+                "connect.attempt", node_id=node_id, host=host, port=port, attempt=failures + 1
+            )
             conn = BrokerConnection(host, port, s, node_id)
             try:
                 conn.open(min(remaining, s.connection_setup_timeout_ms / 1000))
@@ -134,8 +135,14 @@ class ClusterClient:
                 delay = self._backoff_delay(failures + 1)
                 with self._lock:
                     self._backoff[node_id] = (failures + 1, time.monotonic() + delay)
-                self._emit("connect.failed", node_id=node_id, host=host, port=port,
-                           error=exc.args[0].str(), backoff_s=delay)  # fmt: skip
+                self._emit(
+                    "connect.failed",
+                    node_id=node_id,
+                    host=host,
+                    port=port,
+                    error=exc.args[0].str(),
+                    backoff_s=delay,
+                )
                 raise
             with self._lock:
                 self._backoff.pop(node_id, None)
@@ -202,8 +209,9 @@ class ClusterClient:
                         self._connections[-1 - index] = conn
                     return conn
                 except _RETRIABLE_CONNECT as exc:
-                    self._emit("connect.failed", node_id=-1 - index, host=host, port=port,
-                               error=str(exc))  # fmt: skip
+                    self._emit(
+                        "connect.failed", node_id=-1 - index, host=host, port=port, error=str(exc)
+                    )
                     errors.append(f"{host}:{port}: {exc.args[0].str()}")
                     tls_failed = isinstance(exc, TlsHandshakeError)
                     tls_failures += tls_failed
@@ -345,8 +353,9 @@ class ClusterClient:
                     stale.close()
             self._addresses[coordinator.node_id] = address
             self._coordinators[group_id] = coordinator
-        self._emit("coordinator.found", group_id=group_id, node_id=coordinator.node_id,
-                   version=version)  # fmt: skip
+        self._emit(
+            "coordinator.found", group_id=group_id, node_id=coordinator.node_id, version=version
+        )
         return coordinator
 
     def coordinator(self, group_id: str) -> Coordinator | None:
@@ -359,8 +368,9 @@ class ClusterClient:
             known = self._coordinators.pop(group_id, None)
         if known is not None:
             log.info("group %s: coordinator %s marked unknown: %s", group_id, known.node_id, reason)
-            self._emit("coordinator.unknown", group_id=group_id, node_id=known.node_id,
-                       reason=reason)  # fmt: skip
+            self._emit(
+                "coordinator.unknown", group_id=group_id, node_id=known.node_id, reason=reason
+            )
 
     def _coordinator_request(
         self, group_id: str, api_key: int, build: Callable[[int], m.Call], timeout_s: float | None
@@ -430,9 +440,11 @@ class ClusterClient:
         self, request: OffsetCommitRequest, timeout_s: float | None = None
     ) -> tuple[PartitionResult, ...]:
         response, _ = self._coordinator_request(
-            request.group_id, m.API_OFFSET_COMMIT, lambda v: m.offset_commit_call(request, v),
+            request.group_id,
+            m.API_OFFSET_COMMIT,
+            lambda v: m.offset_commit_call(request, v),
             timeout_s,
-        )  # fmt: skip
+        )
         results = m.offset_commit_from_kio(response)
         if any(r.error_code in COORDINATOR_ERRORS for r in results):
             self.mark_coordinator_unknown(request.group_id, "OffsetCommit coordinator error")
@@ -443,9 +455,11 @@ class ClusterClient:
     ) -> OffsetFetchResponse:
         """OffsetFetch; v9 with member id/epoch when offered, else the highest older version."""
         response, _ = self._coordinator_request(
-            request.group_id, m.API_OFFSET_FETCH, lambda v: m.offset_fetch_call(request, v),
+            request.group_id,
+            m.API_OFFSET_FETCH,
+            lambda v: m.offset_fetch_call(request, v),
             timeout_s,
-        )  # fmt: skip
+        )
         result = m.offset_fetch_from_kio(response)
         if result.error_code in COORDINATOR_ERRORS:
             self.mark_coordinator_unknown(request.group_id, "OffsetFetch coordinator error")
@@ -454,9 +468,11 @@ class ClusterClient:
     def describe_group(self, group_id: str, timeout_s: float | None = None) -> dict[str, Any]:
         """ConsumerGroupDescribe for one group (plain dict)."""
         response, _ = self._coordinator_request(
-            group_id, m.API_CONSUMER_GROUP_DESCRIBE,
-            lambda v: m.consumer_group_describe_call([group_id], v), timeout_s,
-        )  # fmt: skip
+            group_id,
+            m.API_CONSUMER_GROUP_DESCRIBE,
+            lambda v: m.consumer_group_describe_call([group_id], v),
+            timeout_s,
+        )
         groups = m.consumer_group_describe_from_kio(response)
         if not groups:
             raise BrokerResponseError.from_code(ErrorCode.GROUP_ID_NOT_FOUND, group_id)

@@ -273,8 +273,10 @@ class BrokerConnection:
                 self.close()
                 hint = ""
                 if "CERTIFICATE" in str(exc.reason or exc).upper():
-                    hint = (" (does the listener require a client certificate? set "
-                            "ssl.certificate.location/.pem or ssl.keystore.location)")  # fmt: skip
+                    hint = (
+                        " (does the listener require a client certificate? set "
+                        "ssl.certificate.location/.pem or ssl.keystore.location)"
+                    )
                 raise TlsHandshakeError(
                     f"{name} to {self.host}:{self.port} failed: the broker ended the TLS "
                     f"session: {exc.reason or exc}{hint}"
@@ -410,9 +412,13 @@ class BrokerConnection:
             # Java's rule: re-authenticate at a random 85-95% of the session lifetime.
             fraction = 0.85 + 0.10 * random.random()
             self._reauth_at = time.monotonic() + lifetime_ms / 1000 * fraction
-            log.debug("%s:%s: SASL session lifetime %d ms; re-authenticating in %.1f s",
-                      self.host, self.port, lifetime_ms,
-                      self._reauth_at - time.monotonic())  # fmt: skip
+            log.debug(
+                "%s:%s: SASL session lifetime %d ms; re-authenticating in %.1f s",
+                self.host,
+                self.port,
+                lifetime_ms,
+                self._reauth_at - time.monotonic(),
+            )
 
     def _maybe_reauthenticate(self, timeout_s: float | None) -> None:
         """KIP-368: re-authenticate on this connection before the broker's session ends."""

@@ -104,12 +104,19 @@ def api_name(api_key: int) -> str:
 Call = tuple[RequestPayload, type[ResponsePayload]]
 
 _HB = {0: (hb_req_v0, hb_resp_v0), 1: (hb_req_v1, hb_resp_v1)}
-_FC = {3: (fc_req_v3, fc_resp_v3), 4: (fc_req_v4, fc_resp_v4), 5: (fc_req_v5, fc_resp_v5),
-       6: (fc_req_v6, fc_resp_v6)}  # fmt: skip
-_MD = {10: (md_req_v10, md_resp_v10), 11: (md_req_v11, md_resp_v11),
-       12: (md_req_v12, md_resp_v12)}  # fmt: skip
-_OF = {6: (of_req_v6, of_resp_v6), 7: (of_req_v7, of_resp_v7), 8: (of_req_v8, of_resp_v8),
-       9: (of_req_v9, of_resp_v9)}  # fmt: skip
+_FC = {
+    3: (fc_req_v3, fc_resp_v3),
+    4: (fc_req_v4, fc_resp_v4),
+    5: (fc_req_v5, fc_resp_v5),
+    6: (fc_req_v6, fc_resp_v6),
+}
+_MD = {10: (md_req_v10, md_resp_v10), 11: (md_req_v11, md_resp_v11), 12: (md_req_v12, md_resp_v12)}
+_OF = {
+    6: (of_req_v6, of_resp_v6),
+    7: (of_req_v7, of_resp_v7),
+    8: (of_req_v8, of_resp_v8),
+    9: (of_req_v9, of_resp_v9),
+}
 _CGD = {0: (cgd_req_v0, cgd_resp_v0), 1: (cgd_req_v1, cgd_resp_v1)}
 
 #: Versions this SDK implements, per API key (the highest one the broker also has is used).
@@ -244,14 +251,22 @@ def find_coordinator_from_kio(group_id: str, resp: Any) -> Coordinator:
         for c in resp.coordinators:
             if c.key == group_id:
                 return Coordinator(
-                    group_id, int(c.node_id), c.host, int(c.port), int(c.error_code),
+                    group_id,
+                    int(c.node_id),
+                    c.host,
+                    int(c.port),
+                    int(c.error_code),
                     c.error_message,
-                )  # fmt: skip
+                )
         return Coordinator(group_id, -1, "", -1, 15, "no coordinator entry for the group")
     return Coordinator(
-        group_id, int(resp.node_id), resp.host, int(resp.port), int(resp.error_code),
+        group_id,
+        int(resp.node_id),
+        resp.host,
+        int(resp.port),
+        int(resp.error_code),
         resp.error_message,
-    )  # fmt: skip
+    )
 
 
 # -- OffsetCommit / OffsetFetch ------------------------------------------------------------
@@ -295,10 +310,14 @@ def offset_fetch_call(req: OffsetFetchRequest, version: int) -> Call:
     for topic, partition in req.partitions or ():
         by_topic[topic].append(i32(partition))
     if version >= 8:
-        topics_v8 = None if req.partitions is None else tuple(
-            request_mod.OffsetFetchRequestTopics(name=t, partition_indexes=tuple(ps))
-            for t, ps in sorted(by_topic.items())
-        )  # fmt: skip
+        topics_v8 = (
+            None
+            if req.partitions is None
+            else tuple(
+                request_mod.OffsetFetchRequestTopics(name=t, partition_indexes=tuple(ps))
+                for t, ps in sorted(by_topic.items())
+            )
+        )
         group_fields: dict[str, Any] = dict(group_id=req.group_id, topics=topics_v8)
         if version >= 9:
             group_fields["member_id"] = req.member_id
@@ -308,10 +327,14 @@ def offset_fetch_call(req: OffsetFetchRequest, version: int) -> Call:
             require_stable=req.require_stable,
         )
     else:
-        topics = None if req.partitions is None else tuple(
-            request_mod.OffsetFetchRequestTopic(name=t, partition_indexes=tuple(ps))
-            for t, ps in sorted(by_topic.items())
-        )  # fmt: skip
+        topics = (
+            None
+            if req.partitions is None
+            else tuple(
+                request_mod.OffsetFetchRequestTopic(name=t, partition_indexes=tuple(ps))
+                for t, ps in sorted(by_topic.items())
+            )
+        )
         fields: dict[str, Any] = dict(group_id=req.group_id, topics=topics)
         if version >= 7:
             fields["require_stable"] = req.require_stable

@@ -197,8 +197,12 @@ class MuxConnection:
     """
 
     NEW, CONNECTING, READY, REAUTHENTICATING, CLOSED = (
-        "NEW", "CONNECTING", "READY", "REAUTHENTICATING", "CLOSED"
-    )  # fmt: skip
+        "NEW",
+        "CONNECTING",
+        "READY",
+        "REAUTHENTICATING",
+        "CLOSED",
+    )
 
     def __init__(self, host: str, port: int, settings: ConnectionSettings) -> None:
         self.host = host
@@ -269,14 +273,22 @@ class MuxConnection:
         connection. Returns the earliest remaining deadline."""
         for w in [w for w in self._queued if w.deadline <= now]:
             self._queued.remove(w)
-            _complete(w, None, KafkaTimeoutError(
-                f"{type(w.call).__name__} to {self.host}:{self.port} timed out waiting for "
-                "the connection"))  # fmt: skip
+            _complete(
+                w,
+                None,
+                KafkaTimeoutError(
+                    f"{type(w.call).__name__} to {self.host}:{self.port} timed out waiting for "
+                    "the connection"
+                ),
+            )
         late = [w for w in self._in_flight.values() if w.deadline <= now]
         if late:
-            self.close(KafkaTimeoutError(
-                f"request to {self.host}:{self.port} timed out (correlation id "
-                f"{late[0].correlation_id}); closing the connection"))  # fmt: skip
+            self.close(
+                KafkaTimeoutError(
+                    f"request to {self.host}:{self.port} timed out (correlation id "
+                    f"{late[0].correlation_id}); closing the connection"
+                )
+            )
             return None
         deadlines = [w.deadline for w in self.waiters()]
         return min(deadlines) if deadlines else None
@@ -315,9 +327,13 @@ class MuxConnection:
     def ready_for_reauth(self) -> bool:
         """Paused for KIP-368 and quiet: nothing in flight or unwritten, no partial frame."""
         return (
-            self.paused and self.state == self.READY and self.sock is not None
-            and not self._in_flight and not self._out and not self._reader.pending
-        )  # fmt: skip
+            self.paused
+            and self.state == self.READY
+            and self.sock is not None
+            and not self._in_flight
+            and not self._out
+            and not self._reader.pending
+        )
 
     def take_for_reauth(self) -> BrokerConnection:
         """Hand the quiet socket to a blocking connection for the SASL exchange (the caller
@@ -351,8 +367,11 @@ class MuxConnection:
         except (BlockingIOError, ssl.SSLWantWriteError, ssl.SSLWantReadError):
             return
         except OSError as exc:
-            self.close(KafkaTransportError(
-                f"send to {self.host}:{self.port} failed: {exc.strerror or exc}"))  # fmt: skip
+            self.close(
+                KafkaTransportError(
+                    f"send to {self.host}:{self.port} failed: {exc.strerror or exc}"
+                )
+            )
             return
         del self._out[:sent]
 
@@ -370,11 +389,14 @@ class MuxConnection:
                     break
                 if not data:
                     if self._reader.pending:  # closed in the middle of a response
-                        raise ProtocolError(f"truncated frame: connection to {self.host}:"
-                                            f"{self.port} closed after {self._reader.pending} "
-                                            "bytes of a response")  # fmt: skip
-                    raise KafkaTransportError(f"connection to {self.host}:{self.port} closed "
-                                              "by the broker")  # fmt: skip
+                        raise ProtocolError(
+                            f"truncated frame: connection to {self.host}:"
+                            f"{self.port} closed after {self._reader.pending} "
+                            "bytes of a response"
+                        )
+                    raise KafkaTransportError(
+                        f"connection to {self.host}:{self.port} closed by the broker"
+                    )
                 frames.extend(self._reader.feed(data))
                 if len(data) < _RECV_BYTES and not (
                     isinstance(sock, ssl.SSLSocket) and sock.pending()
@@ -386,8 +408,11 @@ class MuxConnection:
             return
         except OSError as exc:
             self._deliver(frames)
-            self.close(KafkaTransportError(
-                f"read from {self.host}:{self.port} failed: {exc.strerror or exc}"))  # fmt: skip
+            self.close(
+                KafkaTransportError(
+                    f"read from {self.host}:{self.port} failed: {exc.strerror or exc}"
+                )
+            )
             return
         self._deliver(frames)
 
@@ -401,9 +426,13 @@ class MuxConnection:
             waiter = self._in_flight.pop(cid, None)
             if waiter is None:
                 where = f"{self.host}:{self.port}"
-                self.close(ProtocolError(f"response with correlation id {cid} from {where} "
-                                         "does not match the awaited request (none in flight "
-                                         "has that id)"))  # fmt: skip
+                self.close(
+                    ProtocolError(
+                        f"response with correlation id {cid} from {where} "
+                        "does not match the awaited request (none in flight "
+                        "has that id)"
+                    )
+                )
                 return
             try:
                 result = waiter.call.decode(frame, cid)

@@ -245,8 +245,9 @@ def oidc_client_credentials(settings: OidcSettings, timeout_s: float = 30.0) -> 
     else:
         raise OAuthError(f"{where}: the token has neither an exp claim nor expires_in")
     sub = claims.get(settings.sub_claim)
-    return OAuthToken(value, expiry, sub if isinstance(sub, str) else None,
-                      dict(settings.extensions), now)  # fmt: skip
+    return OAuthToken(
+        value, expiry, sub if isinstance(sub, str) else None, dict(settings.extensions), now
+    )
 
 
 class OAuthTokenProvider:

@@ -165,8 +165,9 @@ class ConnectionSettings:
             _load_chain_from_memory(ctx, cert, key, key_password)
         elif self.ssl_certificate_location:
             try:
-                ctx.load_cert_chain(self.ssl_certificate_location, self.ssl_key_location,
-                                    password=key_password)  # fmt: skip
+                ctx.load_cert_chain(
+                    self.ssl_certificate_location, self.ssl_key_location, password=key_password
+                )
             except (OSError, ssl.SSLError) as exc:
                 raise ConfigError(
                     "ssl.certificate.location / ssl.key.location: the certificate and key do "
@@ -315,9 +316,11 @@ def _oauth_provider(
         secret = get_str("sasl.oauthbearer.client.secret") or get_str(
             "sasl.oauthbearer.client.credentials.client.secret"
         )
-        for key, value in (("sasl.oauthbearer.token.endpoint.url", url),
-                           ("sasl.oauthbearer.client.id", client_id),
-                           ("sasl.oauthbearer.client.secret", secret)):  # fmt: skip
+        for key, value in (
+            ("sasl.oauthbearer.token.endpoint.url", url),
+            ("sasl.oauthbearer.client.id", client_id),
+            ("sasl.oauthbearer.client.secret", secret),
+        ):
             if not value:
                 raise ConfigError(f"{key}: required with sasl.oauthbearer.method=oidc")
         assert url is not None and client_id is not None and secret is not None
@@ -326,12 +329,15 @@ def _oauth_provider(
                 f"sasl.oauthbearer.token.endpoint.url: expected an http(s) URL, got {url!r}"
             )
         oidc = OidcSettings(
-            url, client_id, secret, get_str("sasl.oauthbearer.scope"),
-            parse_extensions(get_str("sasl.oauthbearer.extensions"),
-                             "sasl.oauthbearer.extensions"),
-            get_str("https.ca.location"), get_str("https.ca.pem"),
+            url,
+            client_id,
+            secret,
+            get_str("sasl.oauthbearer.scope"),
+            parse_extensions(get_str("sasl.oauthbearer.extensions"), "sasl.oauthbearer.extensions"),
+            get_str("https.ca.location"),
+            get_str("https.ca.pem"),
             get_str("sasl.oauthbearer.sub.claim.name") or "sub",
-        )  # fmt: skip
+        )
         timeout_s = 30.0
         return OAuthTokenProvider(lambda: oidc_client_credentials(oidc, timeout_s), "oidc")
     if get_bool("enable.sasl.oauthbearer.unsecure.jwt", False):

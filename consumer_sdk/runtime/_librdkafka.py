@@ -22,9 +22,13 @@ from typing import Any
 import confluent_kafka
 
 __all__ = [
-    "GroupMetadata", "LibrdkafkaError", "QueueWaker", "consumer_queue_waker",
-    "read_group_metadata", "write_group_metadata",
-]  # fmt: skip
+    "GroupMetadata",
+    "LibrdkafkaError",
+    "QueueWaker",
+    "consumer_queue_waker",
+    "read_group_metadata",
+    "write_group_metadata",
+]
 
 _c_void_p = ctypes.c_void_p
 _c_char_p = ctypes.c_char_p
@@ -32,13 +36,16 @@ _c_char_p = ctypes.c_char_p
 # name -> (restype, argtypes). Pointers are c_void_p: the default int restype would truncate.
 _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "rd_kafka_consumer_group_metadata_new_with_genid": (
-        _c_void_p, [_c_char_p, ctypes.c_int32, _c_char_p, _c_char_p],
+        _c_void_p,
+        [_c_char_p, ctypes.c_int32, _c_char_p, _c_char_p],
     ),
     "rd_kafka_consumer_group_metadata_write": (
-        _c_void_p, [_c_void_p, ctypes.POINTER(_c_void_p), ctypes.POINTER(ctypes.c_size_t)],
+        _c_void_p,
+        [_c_void_p, ctypes.POINTER(_c_void_p), ctypes.POINTER(ctypes.c_size_t)],
     ),
     "rd_kafka_consumer_group_metadata_read": (
-        _c_void_p, [ctypes.POINTER(_c_void_p), _c_char_p, ctypes.c_size_t],
+        _c_void_p,
+        [ctypes.POINTER(_c_void_p), _c_char_p, ctypes.c_size_t],
     ),
     "rd_kafka_consumer_group_metadata_group_id": (_c_char_p, [_c_void_p]),
     "rd_kafka_consumer_group_metadata_member_id": (_c_char_p, [_c_void_p]),
@@ -53,7 +60,7 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "rd_kafka_queue_get_consumer": (_c_void_p, [_c_void_p]),
     "rd_kafka_queue_yield": (None, [_c_void_p]),
     "rd_kafka_queue_destroy": (None, [_c_void_p]),
-}  # fmt: skip
+}
 
 _RD_KAFKA_CONSUMER = 1
 
@@ -141,9 +148,11 @@ def write_group_metadata(
     with these fields (what ``Producer.send_offsets_to_transaction`` accepts)."""
     lib = _library()
     cgmd = lib.rd_kafka_consumer_group_metadata_new_with_genid(
-        group_id.encode(), generation_id, member_id.encode(),
+        group_id.encode(),
+        generation_id,
+        member_id.encode(),
         group_instance_id.encode() if group_instance_id is not None else None,
-    )  # fmt: skip
+    )
     if not cgmd:
         raise LibrdkafkaError("rd_kafka_consumer_group_metadata_new_with_genid returned NULL")
     try:

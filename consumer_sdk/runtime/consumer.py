@@ -49,9 +49,15 @@ _WOKEN_SLICE_S = 0.1
 # the network loop asks for run promptly (each rebalance step is an application-thread hop).
 _REBALANCE_SLICE_S = 0.005
 _REBALANCING = frozenset(
-    {MemberState.JOINING, MemberState.RECONCILING, MemberState.ACKNOWLEDGING,
-     MemberState.PREPARE_LEAVING, MemberState.FENCED, MemberState.STALE}
-)  # fmt: skip
+    {
+        MemberState.JOINING,
+        MemberState.RECONCILING,
+        MemberState.ACKNOWLEDGING,
+        MemberState.PREPARE_LEAVING,
+        MemberState.FENCED,
+        MemberState.STALE,
+    }
+)
 
 
 def _error(code: int, message: str) -> KafkaException:
@@ -158,9 +164,9 @@ class Consumer(GroupMember):
         wait = _wait_seconds(timeout)
         deadline = now + wait
         while True:
-            if (
-                self._core.background_events or self._app_callbacks or self._net.failure
-            ) and (self._dispatch_background_events() and forever):
+            if (self._core.background_events or self._app_callbacks or self._net.failure) and (
+                self._dispatch_background_events() and forever
+            ):
                 return self._fetcher.consume(num_messages, 0)
             # librdkafka waits to fill the batch: at most a fetch slice, so records that are
             # there go out soon (see docs/migration.md), even when a waker would allow longer.
@@ -190,10 +196,12 @@ class Consumer(GroupMember):
         if (message is None) == (offsets is None):
             raise ValueError("store_offsets() takes either message or offsets")
         if self._config.enable_auto_offset_store:
-            raise KafkaException(KafkaError(
-                KafkaError._INVALID_ARG,
-                "StoreOffsets failed: store_offsets() needs enable.auto.offset.store=false",
-            ))  # fmt: skip
+            raise KafkaException(
+                KafkaError(
+                    KafkaError._INVALID_ARG,
+                    "StoreOffsets failed: store_offsets() needs enable.auto.offset.store=false",
+                )
+            )
         todo: dict[Partition, OffsetAndMetadata] = {}
         if message is not None:
             topic, partition, offset = message.topic(), message.partition(), message.offset()
@@ -211,11 +219,13 @@ class Consumer(GroupMember):
             owned = self._fetcher.assigned() | set(self._revoking)
             missing = sorted(p for p in todo if p not in owned)
             if missing:
-                raise KafkaException(KafkaError(
-                    KafkaError._STATE,
-                    "StoreOffsets failed: not assigned to this consumer: "
-                    + ", ".join(f"{t}[{p}]" for t, p in missing),
-                ))  # fmt: skip
+                raise KafkaException(
+                    KafkaError(
+                        KafkaError._STATE,
+                        "StoreOffsets failed: not assigned to this consumer: "
+                        + ", ".join(f"{t}[{p}]" for t, p in missing),
+                    )
+                )
             self._stored.update(todo)
             for p, o in todo.items():
                 if p in self._revoking:  # stored from inside on_revoke: commit it on revoke
@@ -419,8 +429,9 @@ class Consumer(GroupMember):
                 raise TypeError(f"{method}() takes a list of TopicPartition, got {tp!r}")
             key = (tp.topic, tp.partition)
             if key in seen:
-                raise _error(KafkaError._INVALID_ARG,
-                             f"Duplicate {tp.topic} [{tp.partition}] in input list")
+                raise _error(
+                    KafkaError._INVALID_ARG, f"Duplicate {tp.topic} [{tp.partition}] in input list"
+                )
             seen.add(key)
             keys.append(key)
         return keys
@@ -512,8 +523,9 @@ class Consumer(GroupMember):
         self._check_manual("incremental_assign")
         for t, p in keys:
             if (t, p) in self._manual:
-                raise _error(KafkaError._CONFLICT,
-                             f"{t} [{p}] is already part of the current assignment")
+                raise _error(
+                    KafkaError._CONFLICT, f"{t} [{p}] is already part of the current assignment"
+                )
         self._start_manual(partitions)
 
     def incremental_unassign(self, partitions: Sequence[TopicPartition]) -> None:
@@ -538,9 +550,10 @@ class Consumer(GroupMember):
             raise _error(KafkaError._INVALID_ARG, "Can't subtract from empty assignment")
         for t, p in keys:
             if (t, p) not in self._manual:
-                raise _error(KafkaError._INVALID_ARG,
-                             f"{t} [{p}] can't be unassigned since it is not in the current "
-                             "assignment")
+                raise _error(
+                    KafkaError._INVALID_ARG,
+                    f"{t} [{p}] can't be unassigned since it is not in the current assignment",
+                )
         self._stop_manual(keys)
 
     def seek(self, partition: TopicPartition) -> None:
@@ -559,9 +572,11 @@ class Consumer(GroupMember):
         key = (partition.topic, partition.partition)
         offset = partition.offset
         if offset in (OFFSET_INVALID, OFFSET_STORED):
-            raise _error(KafkaError._INVALID_ARG,
-                         f"cannot seek {key[0]} [{key[1]}] to offset {offset}: give an absolute "
-                         "or a logical offset (OFFSET_BEGINNING, OFFSET_END, OFFSET_TAIL(n))")
+            raise _error(
+                KafkaError._INVALID_ARG,
+                f"cannot seek {key[0]} [{key[1]}] to offset {offset}: give an absolute "
+                "or a logical offset (OFFSET_BEGINNING, OFFSET_END, OFFSET_TAIL(n))",
+            )
         if self._assigning is not None and key in self._assigning:
             self._assigning[key] = offset
             return

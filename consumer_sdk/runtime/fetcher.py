@@ -321,8 +321,12 @@ class Fetcher:
                 self._consumer.incremental_assign([tp])
                 if partition in self._paused:
                     self._consumer.pause([TopicPartition(topic, number)])
-                log.debug("fetcher restarted %s [%d] at %d (seek before its first fetch)",
-                          topic, number, offset)  # fmt: skip
+                log.debug(
+                    "fetcher restarted %s [%d] at %d (seek before its first fetch)",
+                    topic,
+                    number,
+                    offset,
+                )
             if partition in self._fetchable:
                 self._native.add(partition)
             self._refresh_fast()
@@ -362,8 +366,9 @@ class Fetcher:
             if not native:
                 return out
             if not locked:
-                log.debug("positions of %d partition(s) left out: a batch is being returned",
-                          len(native))  # fmt: skip
+                log.debug(
+                    "positions of %d partition(s) left out: a batch is being returned", len(native)
+                )
                 for key in native:
                     out.pop(key, None)
                 return out
@@ -447,8 +452,13 @@ class Fetcher:
                         self._positions.pop(key, None)
                         self._epochs.pop(key, None)
                     else:
-                        log.debug("fetcher keeps the position of %s [%d] (%s; librdkafka's %s)",
-                                  key[0], key[1], ours, theirs)  # fmt: skip
+                        log.debug(
+                            "fetcher keeps the position of %s [%d] (%s; librdkafka's %s)",
+                            key[0],
+                            key[1],
+                            ours,
+                            theirs,
+                        )
         with self._lock:
             self._refresh_fast()
 

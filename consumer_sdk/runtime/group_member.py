@@ -217,11 +217,13 @@ class GroupMember:
             self._leave_sent_at = time.monotonic()
         elif event.new is MemberState.PREPARE_LEAVING and event.reason.startswith("poll timer"):
             ms = self._config.max_poll_interval_ms
-            self._queue_error(KafkaError(
-                KafkaError._MAX_POLL_EXCEEDED,
-                f"Application maximum poll interval ({ms}ms) exceeded: leaving the group; "
-                "the member rejoins on the next poll()",
-            ))  # fmt: skip
+            self._queue_error(
+                KafkaError(
+                    KafkaError._MAX_POLL_EXCEEDED,
+                    f"Application maximum poll interval ({ms}ms) exceeded: leaving the group; "
+                    "the member rejoins on the next poll()",
+                )
+            )
 
     def subscribe(
         self,
@@ -305,8 +307,10 @@ class GroupMember:
                 elif self._core.app_events or self._core.state in _LEAVING:
                     cap = max(deadline, self._callbacks_ended_at) + 2 * self._request_timeout()
                     if now >= cap:
-                        log.info("group %s: leave heartbeat not sent within the close "
-                                 "timeout", self.group_id)  # fmt: skip
+                        log.info(
+                            "group %s: leave heartbeat not sent within the close timeout",
+                            self.group_id,
+                        )
                         break
                 else:
                     break
@@ -428,8 +432,13 @@ class GroupMember:
         elif isinstance(event, LeaveCompleted):
             self._leave_done.set()
         elif isinstance(event, StateChanged):
-            log.debug("group %s: %s -> %s (%s)", self.group_id, event.old.name,
-                      event.new.name, event.reason)  # fmt: skip
+            log.debug(
+                "group %s: %s -> %s (%s)",
+                self.group_id,
+                event.old.name,
+                event.new.name,
+                event.reason,
+            )
         return False
 
     def _run_callback(self, event: CallbacksNeeded) -> bool:
@@ -503,14 +512,19 @@ class GroupMember:
         deadline = time.monotonic() + max(event.deadline_ms - _now_ms(), 0) / 1000
         if self._close_deadline is not None:
             # close()/unsubscribe() keep their own timeout (one attempt at least).
-            deadline = min(deadline, max(self._close_deadline,
-                                         time.monotonic() + _CLOSE_ATTEMPT_FLOOR_S))  # fmt: skip
+            deadline = min(
+                deadline, max(self._close_deadline, time.monotonic() + _CLOSE_ATTEMPT_FLOOR_S)
+            )
         try:
             self._commit_with_retries(offsets, deadline, retry_stale=True)
         except KafkaException as exc:
             error = exc.args[0].str()
-            log.warning("group %s: commit before %s failed (%s); continuing",
-                        self.group_id, event.reason, error)  # fmt: skip
+            log.warning(
+                "group %s: commit before %s failed (%s); continuing",
+                self.group_id,
+                event.reason,
+                error,
+            )
         finally:
             self._net.submit(CommitCompleted(event.commit_id, error))
 
@@ -549,8 +563,9 @@ class GroupMember:
             elif result.kind is CommitKind.ASYNC:
                 self._report_no_offset()
             return
-        error = KafkaError(result.error_code, result.error_message,
-                           retriable=result.error_code in COMMIT_RETRIABLE)  # fmt: skip
+        error = KafkaError(
+            result.error_code, result.error_message, retriable=result.error_code in COMMIT_RETRIABLE
+        )
         self._report_commit(error, offsets)
 
     def _commit_with_retries(
@@ -573,9 +588,10 @@ class GroupMember:
             return committed
         code = result.error_code
         error = CommitFailedError(
-            code, result.error_message.removeprefix(f"commit failed: {ErrorCode.name_of(code)}: "),
+            code,
+            result.error_message.removeprefix(f"commit failed: {ErrorCode.name_of(code)}: "),
             retriable=code in COMMIT_RETRIABLE,
-        )  # fmt: skip
+        )
         self._report_commit(error.args[0], offsets)
         raise error
 
@@ -613,9 +629,10 @@ class GroupMember:
                 if tp.offset < 0:
                     raise ValueError(f"cannot commit {tp.topic}[{tp.partition}] at {tp.offset}")
                 todo[(tp.topic, tp.partition)] = OffsetAndMetadata(
-                    tp.offset, tp.leader_epoch if tp.leader_epoch is not None else -1,
+                    tp.offset,
+                    tp.leader_epoch if tp.leader_epoch is not None else -1,
                     tp.metadata,
-                )  # fmt: skip
+                )
         else:
             todo = self._consumed_offsets()
         if asynchronous:
@@ -633,7 +650,7 @@ class GroupMember:
             timeout = self._config.connection.socket_timeout_ms / 1000
         committed = self._commit_with_retries(
             todo, time.monotonic() + max(timeout, 0.0), retry_stale=False
-        )  # fmt: skip
+        )
         return [TopicPartition(t, p, o) for (t, p), o in sorted(committed.items())]
 
     def committed(
@@ -661,20 +678,29 @@ class GroupMember:
             epoch = self.member_epoch
             try:
                 return self._fetch_once(
-                    partitions, self.member_id if epoch > 0 else None, epoch if epoch > 0 else -1,
+                    partitions,
+                    self.member_id if epoch > 0 else None,
+                    epoch if epoch > 0 else -1,
                     max(deadline - time.monotonic(), 0.05),
-                )  # fmt: skip
+                )
             except (
-                BrokerResponseError, KafkaTransportError, KafkaTimeoutError, ProtocolError,
-            ) as exc:  # fmt: skip
+                BrokerResponseError,
+                KafkaTransportError,
+                KafkaTimeoutError,
+                ProtocolError,
+            ) as exc:
                 code = exc.args[0].code()
                 retriable = not isinstance(exc, BrokerResponseError) or code in COMMIT_RETRIABLE
                 if code == ErrorCode.STALE_MEMBER_EPOCH and epoch > 0:
                     retriable = True
                 if not retriable or time.monotonic() + backoff >= deadline:
                     raise
-                log.info("group %s: OffsetFetch failed (%s); retrying in %.0f ms",
-                         self.group_id, exc.args[0].str(), backoff * 1000)  # fmt: skip
+                log.info(
+                    "group %s: OffsetFetch failed (%s); retrying in %.0f ms",
+                    self.group_id,
+                    exc.args[0].str(),
+                    backoff * 1000,
+                )
                 time.sleep(backoff)
                 backoff = min(backoff * 2, self._config.retry_backoff_max_ms / 1000)
 
@@ -685,8 +711,9 @@ class GroupMember:
         ``BrokerResponseError`` for an error in the answer."""
         if not partitions:
             return {}
-        request = OffsetFetchRequest(self.group_id, tuple(sorted(partitions)), member_id, epoch,
-                                     require_stable=True)  # fmt: skip
+        request = OffsetFetchRequest(
+            self.group_id, tuple(sorted(partitions)), member_id, epoch, require_stable=True
+        )
         return committed_offsets(self._net.fetch_offsets(request, timeout))
 
     # -- close ------------------------------------------------------------------------------
@@ -732,8 +759,11 @@ class GroupMember:
         """Wait (until ``deadline``) for queued asynchronous commits to be answered."""
         while (pending := self._net.pending_commits) and self._net.failure is None:
             if time.monotonic() >= deadline:
-                log.info("group %s: %d asynchronous commit(s) not answered before close",
-                         self.group_id, pending)  # fmt: skip
+                log.info(
+                    "group %s: %d asynchronous commit(s) not answered before close",
+                    self.group_id,
+                    pending,
+                )
                 return
             time.sleep(0.005)
 

@@ -243,9 +243,12 @@ class MemberNetwork:
         self.metadata = MetadataManager(backoff())
         auto_ms = c.auto_commit_interval_ms if c.enable_auto_commit else 0
         self.commits = CommitRequestManager(
-            c.group_id, c.group_instance_id, backoff(), auto_commit_interval_ms=auto_ms,
+            c.group_id,
+            c.group_instance_id,
+            backoff(),
+            auto_commit_interval_ms=auto_ms,
             default_timeout_ms=c.connection.socket_timeout_ms,
-        )  # fmt: skip
+        )
         self._consumed_offsets = consumed_offsets
         self._auto_commit_offsets = auto_commit_offsets
         self._on_fence = on_fence
@@ -286,8 +289,10 @@ class MemberNetwork:
         self.wake()
 
     def __repr__(self) -> str:
-        return (f"MemberNetwork(group_id={self.config.group_id!r}, "
-                f"member_id={self.core.member_id!r}, state={self.core.state.name})")  # fmt: skip
+        return (
+            f"MemberNetwork(group_id={self.config.group_id!r}, "
+            f"member_id={self.core.member_id!r}, state={self.core.state.name})"
+        )
 
     # -- application side (thread-safe) -------------------------------------------------------
 
@@ -343,9 +348,12 @@ class MemberNetwork:
         `CommitRequestManager.commit`)."""
         with self._lock:
             commit_id = self.commits.commit(
-                _now_ms(), offsets, kind,
-                None if timeout_s is None else int(timeout_s * 1000), epoch,
-            )  # fmt: skip
+                _now_ms(),
+                offsets,
+                kind,
+                None if timeout_s is None else int(timeout_s * 1000),
+                epoch,
+            )
             self._commit_offsets[commit_id] = offsets
         self.wake()
         return commit_id
@@ -379,8 +387,11 @@ class MemberNetwork:
         if fetch.error is not None:
             raise fetch.error
         assert fetch.result is not None
-        floor = {(r.topic, r.partition): r.offset for r in fetch.result.partitions
-                 if r.error_code == 0 and r.offset >= 0}  # fmt: skip
+        floor = {
+            (r.topic, r.partition): r.offset
+            for r in fetch.result.partitions
+            if r.error_code == 0 and r.offset >= 0
+        }
         with self._lock:
             self.commits.observe_committed(floor)
         return fetch.result
@@ -406,8 +417,9 @@ class MemberNetwork:
                 if r.commit_id == commit_id:
                     return self._results.pop(i)
         self._commit_waiters.pop(commit_id, None)
-        return CommitResult(commit_id, kind, {}, int(ErrorCode.REQUEST_TIMED_OUT),
-                            "commit timed out")  # fmt: skip
+        return CommitResult(
+            commit_id, kind, {}, int(ErrorCode.REQUEST_TIMED_OUT), "commit timed out"
+        )
 
     def drain_background_events(self) -> list[BackgroundEvent]:
         if not self.core.background_events:
@@ -470,12 +482,19 @@ class MemberNetwork:
     def _fail(self, exc: BaseException) -> None:
         """This member's loop-side work raised: it stops (no more requests), waiters wake up
         and its application gets the error; the loop and the other members go on."""
-        log.error("group %s: member %s failed on the network loop", self.config.group_id,
-                  self.core.member_id, exc_info=exc)  # fmt: skip
-        self.failure = KafkaException(KafkaError(
-            KafkaError._FATAL,
-            f"the member failed on the network loop: {type(exc).__name__}: {exc}", fatal=True,
-        ))  # fmt: skip
+        log.error(
+            "group %s: member %s failed on the network loop",
+            self.config.group_id,
+            self.core.member_id,
+            exc_info=exc,
+        )
+        self.failure = KafkaException(
+            KafkaError(
+                KafkaError._FATAL,
+                f"the member failed on the network loop: {type(exc).__name__}: {exc}",
+                fatal=True,
+            )
+        )
         if self._timer is not None:
             self._timer.cancel()
         if self._on_fence is not None:  # the data plane stops: the member no longer heartbeats
@@ -531,10 +550,15 @@ class MemberNetwork:
         find = coord.poll(now, needed and not waiting)
         if find is not None:
             self._shared_coordinators().in_flight.add(find.group_id)
-            self._send_any(KioCall(
-                m.API_FIND_COORDINATOR, lambda v: m.find_coordinator_call(find.group_id, v),
-                lambda r: m.find_coordinator_from_kio(find.group_id, r), self._client_id),
-                self._on_coordinator)  # fmt: skip
+            self._send_any(
+                KioCall(
+                    m.API_FIND_COORDINATOR,
+                    lambda v: m.find_coordinator_call(find.group_id, v),
+                    lambda r: m.find_coordinator_from_kio(find.group_id, r),
+                    self._client_id,
+                ),
+                self._on_coordinator,
+            )
         # Metadata
         if core.metadata_needed and not self.metadata.pending:
             self._resolve_topics(now)
@@ -543,9 +567,15 @@ class MemberNetwork:
             if send.topics is None:
                 self._topic_view().in_flight = True
             topics = None if send.topics is None else list(send.topics)
-            self._send_any(KioCall(
-                m.API_METADATA, lambda v: m.metadata_call(topics, v), m.metadata_from_kio,
-                self._client_id), self._on_metadata)  # fmt: skip
+            self._send_any(
+                KioCall(
+                    m.API_METADATA,
+                    lambda v: m.metadata_call(topics, v),
+                    m.metadata_from_kio,
+                    self._client_id,
+                ),
+                self._on_metadata,
+            )
         # Commits go out before the heartbeat of the same run, over the same connection (the
         # broker answers one connection's requests in order): an asynchronous commit made
         # before a leave (say, in on_revoke of close()) is applied before the leave, with the
@@ -556,10 +586,15 @@ class MemberNetwork:
         for c in self.commits.poll(now, core.member_id, core.member_epoch, known):
             req, commit_id = c.request, c.commit_id
             self._commit_sent_ms[commit_id] = now
-            self._send_coordinator(KioCall(
-                m.API_OFFSET_COMMIT, lambda v, r=req: m.offset_commit_call(r, v),  # type: ignore[misc]
-                m.offset_commit_from_kio, self._client_id),
-                lambda res, err, i=commit_id: self._on_commit(i, res, err))  # type: ignore[misc]  # fmt: skip
+            self._send_coordinator(
+                KioCall(
+                    m.API_OFFSET_COMMIT,
+                    lambda v, r=req: m.offset_commit_call(r, v),  # type: ignore[misc]
+                    m.offset_commit_from_kio,
+                    self._client_id,
+                ),
+                lambda res, err, i=commit_id: self._on_commit(i, res, err),  # type: ignore[misc]
+            )
         if known and self._fetches:
             fetches, self._fetches = self._fetches, []
             for f in fetches:
@@ -608,9 +643,13 @@ class MemberNetwork:
             if f.cancelled:
                 continue
             if now >= f.deadline:
-                f.finish(None, KafkaTimeoutError(
-                    f"OffsetFetch for group {self.config.group_id!r}: the group coordinator "
-                    f"was not found in time ({self._coordinator_detail()})"))  # fmt: skip
+                f.finish(
+                    None,
+                    KafkaTimeoutError(
+                        f"OffsetFetch for group {self.config.group_id!r}: the group coordinator "
+                        f"was not found in time ({self._coordinator_detail()})"
+                    ),
+                )
             else:
                 keep.append(f)
         self._fetches = keep
@@ -688,8 +727,11 @@ class MemberNetwork:
                 self.commits.skip_auto_commit(now)
             return
         core = self.core
-        in_group = core.state in (MemberState.STABLE, MemberState.RECONCILING,
-                                  MemberState.ACKNOWLEDGING)  # fmt: skip
+        in_group = core.state in (
+            MemberState.STABLE,
+            MemberState.RECONCILING,
+            MemberState.ACKNOWLEDGING,
+        )
         offsets = dict(self._consumed_offsets()) if self._consumed_offsets else {}
         assigned = core.assigned_partitions
         offsets = {p: o for p, o in offsets.items() if p in assigned}
@@ -761,9 +803,15 @@ class MemberNetwork:
 
     def _send_fetch(self, fetch: _Fetch) -> None:
         req = fetch.request
-        self._send_coordinator(KioCall(
-            m.API_OFFSET_FETCH, lambda v: m.offset_fetch_call(req, v), m.offset_fetch_from_kio,
-            self._client_id), lambda res, err: self._on_fetch(fetch, res, err))  # fmt: skip
+        self._send_coordinator(
+            KioCall(
+                m.API_OFFSET_FETCH,
+                lambda v: m.offset_fetch_call(req, v),
+                m.offset_fetch_from_kio,
+                self._client_id,
+            ),
+            lambda res, err: self._on_fetch(fetch, res, err),
+        )
 
     # -- responses (loop thread) ---------------------------------------------------------------
 
@@ -772,8 +820,9 @@ class MemberNetwork:
         self._run()
 
     @_member_work
-    def _on_fetch(self, fetch: _Fetch, response: OffsetFetchResponse | None,
-                  error: KafkaException | None) -> None:  # fmt: skip
+    def _on_fetch(
+        self, fetch: _Fetch, response: OffsetFetchResponse | None, error: KafkaException | None
+    ) -> None:
         if error is not None:
             if failure_of(error).kind is FailureKind.DISCONNECTED:
                 self._coordinator_lost(error.args[0].str())
@@ -784,8 +833,9 @@ class MemberNetwork:
             self._after()
 
     @_member_work
-    def _on_heartbeat(self, request: HeartbeatRequest, response: Any,
-                      error: KafkaException | None) -> None:  # fmt: skip
+    def _on_heartbeat(
+        self, request: HeartbeatRequest, response: Any, error: KafkaException | None
+    ) -> None:
         if self._stopped:
             return
         now = _now_ms()
@@ -807,10 +857,14 @@ class MemberNetwork:
             # The steady state: a stable member's plain answer changed nothing but the
             # heartbeat's own timer, so only that is rescheduled (see `_reschedule_heartbeat`).
             quiet = (
-                was_stable and error is None and response.error_code == 0
-                and response.assignment is None and core.state is MemberState.STABLE
-                and not core.app_events and not core.background_events
-            )  # fmt: skip
+                was_stable
+                and error is None
+                and response.error_code == 0
+                and response.assignment is None
+                and core.state is MemberState.STABLE
+                and not core.app_events
+                and not core.background_events
+            )
             wait_ms = core.time_until_next_poll(now) if quiet else 0
             fence = self._on_fence is not None and not quiet
             pending = set(core.pending_revocation) if fence else set()
@@ -856,8 +910,11 @@ class MemberNetwork:
                     self._coordinator_found(now)
                 elif self.coordinator.failures == _UNREACHABLE_AFTER:
                     detail = self._coordinator_detail()
-                    unreachable = KafkaError(result.error_code, "group coordinator "
-                                             f"unreachable: {detail}", retriable=True)  # fmt: skip
+                    unreachable = KafkaError(
+                        result.error_code,
+                        f"group coordinator unreachable: {detail}",
+                        retriable=True,
+                    )
             else:
                 self._bootstrap_index += 1  # try the next bootstrap server
                 report = self.coordinator.on_failure(now, failure_of(error))
@@ -869,8 +926,11 @@ class MemberNetwork:
                     code = error.args[0].code()
                     if code == KafkaError._TIMED_OUT:
                         code = KafkaError._TRANSPORT
-                    unreachable = KafkaError(code, "group coordinator unreachable: "
-                                             f"{error.args[0].str()}", retriable=True)  # fmt: skip
+                    unreachable = KafkaError(
+                        code,
+                        f"group coordinator unreachable: {error.args[0].str()}",
+                        retriable=True,
+                    )
             if report is not None:
                 self._report(report)
         if unreachable is not None and self._on_group_error is not None:
@@ -901,8 +961,12 @@ class MemberNetwork:
         self._after()
 
     @_member_work
-    def _on_commit(self, commit_id: int, results: Sequence[PartitionResult] | None,
-                   error: KafkaException | None) -> None:  # fmt: skip
+    def _on_commit(
+        self,
+        commit_id: int,
+        results: Sequence[PartitionResult] | None,
+        error: KafkaException | None,
+    ) -> None:
         now = _now_ms()
         with self._lock:
             sent = self._commit_sent_ms.pop(commit_id, None)

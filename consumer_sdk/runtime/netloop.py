@@ -269,8 +269,9 @@ class NetworkLoop:
                 self.call_soon(lambda: self._reauth_failed(conn, error))
                 return
             except Exception as exc:
-                error = KafkaTransportError(f"re-authentication with {conn.host}:{conn.port} "
-                                            f"failed: {exc}")  # fmt: skip
+                error = KafkaTransportError(
+                    f"re-authentication with {conn.host}:{conn.port} failed: {exc}"
+                )
                 self.call_soon(lambda: self._reauth_failed(conn, error))
                 return
             self.call_soon(lambda: self._connected(conn, bc))
@@ -279,15 +280,21 @@ class NetworkLoop:
 
     def _reauth_failed(self, conn: MuxConnection, exc: KafkaException) -> None:
         with routed_logs(conn.log_target):
-            log.info("re-authentication with %s:%s failed: %s", conn.host, conn.port,
-                     exc.args[0].str())  # fmt: skip
+            log.info(
+                "re-authentication with %s:%s failed: %s", conn.host, conn.port, exc.args[0].str()
+            )
         conn.close(exc)  # the helper closed the socket; this fails the held-back requests
 
     def _connect_failed(self, conn: MuxConnection, exc: KafkaException) -> None:
         backoff = self._backoff(conn.failures + 1, conn.settings)
         with routed_logs(conn.log_target):
-            log.info("connect to %s:%s failed (%s); next attempt in %.0f ms", conn.host,
-                     conn.port, exc.args[0].str(), backoff * 1000)  # fmt: skip
+            log.info(
+                "connect to %s:%s failed (%s); next attempt in %.0f ms",
+                conn.host,
+                conn.port,
+                exc.args[0].str(),
+                backoff * 1000,
+            )
         conn.connect_failed(exc, backoff, time.monotonic())
         if not conn.idle and conn.state == MuxConnection.NEW:
             self._connect(conn)

@@ -93,9 +93,12 @@ class FaultyProxy(ProxyBase):
         ).start()
 
     def _pump_requests(
-        self, client: socket.socket, upstream: socket.socket, pending: deque[int],
+        self,
+        client: socket.socket,
+        upstream: socket.socket,
+        pending: deque[int],
         cond: threading.Condition,
-    ) -> None:  # fmt: skip
+    ) -> None:
         try:
             while True:
                 prefix = recv_exact(client, 4)
@@ -116,9 +119,12 @@ class FaultyProxy(ProxyBase):
             self._close_pair(client, upstream)
 
     def _pump_responses(
-        self, client: socket.socket, upstream: socket.socket, pending: deque[int],
+        self,
+        client: socket.socket,
+        upstream: socket.socket,
+        pending: deque[int],
         cond: threading.Condition,
-    ) -> None:  # fmt: skip
+    ) -> None:
         try:
             while True:
                 prefix = recv_exact(upstream, 4)

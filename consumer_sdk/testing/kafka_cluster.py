@@ -566,8 +566,11 @@ class _ClusterOps:
                 k, v = item
             else:
                 k, v = key, item
-            kwargs: dict[str, Any] = {"value": _bytes(v), "key": _bytes(k),
-                                      "on_delivery": on_delivery}  # fmt: skip
+            kwargs: dict[str, Any] = {
+                "value": _bytes(v),
+                "key": _bytes(k),
+                "on_delivery": on_delivery,
+            }
             if partition is not None:
                 kwargs["partition"] = partition
             if hdrs:
@@ -652,8 +655,12 @@ class _ClusterOps:
                     raw = client.describe_group(group, timeout_s=5)
                     coordinator = client.coordinator(group)
                     names = dict(client.topic_names())
-                    ids = {tid for m in raw["members"] for a in (m["assignment"],
-                           m["target_assignment"]) for tid in a}  # fmt: skip
+                    ids = {
+                        tid
+                        for m in raw["members"]
+                        for a in (m["assignment"], m["target_assignment"])
+                        for tid in a
+                    }
                     if not ids <= names.keys():
                         client.metadata(timeout_s=5)
                         names = dict(client.topic_names())
@@ -936,10 +943,19 @@ class KafkaCluster(_ClusterOps):
             argv = [self._java, "-Xmx256m", "-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC"]
             if tools_log.is_file():
                 argv.append(f"-Dlog4j2.configurationFile={tools_log}")
-            argv += ["-cp", str(self._home / "libs" / "*"), "kafka.tools.StorageTool", "format",
-                     "-t", self._cluster_id, "-c", str(node.config)]  # fmt: skip
-            procs.append((node, subprocess.Popen(argv, stdout=subprocess.PIPE,
-                                                 stderr=subprocess.STDOUT)))  # fmt: skip
+            argv += [
+                "-cp",
+                str(self._home / "libs" / "*"),
+                "kafka.tools.StorageTool",
+                "format",
+                "-t",
+                self._cluster_id,
+                "-c",
+                str(node.config),
+            ]
+            procs.append(
+                (node, subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+            )
         for node, proc in procs:
             try:
                 out, _ = proc.communicate(timeout=120)
@@ -1169,8 +1185,9 @@ class KafkaCluster(_ClusterOps):
             self._admin = None
             killed = _terminate_all(self._procs, timeout)
             if killed:
-                logger.warning("KafkaCluster.close: SIGKILLed node pid(s) %s after %.0fs",
-                               killed, timeout)  # fmt: skip
+                logger.warning(
+                    "KafkaCluster.close: SIGKILLed node pid(s) %s after %.0fs", killed, timeout
+                )
         finally:
             self._finalizer.detach()
             with _ALL_PROCS_LOCK:

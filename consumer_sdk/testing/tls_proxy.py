@@ -82,17 +82,34 @@ def make_certificates(
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
     ca, ca_key = d / f"{name}-ca.pem", d / f"{name}-ca.key"
-    cert, key, csr, ext = (d / f"{name}.pem", d / f"{name}.key", d / f"{name}.csr",
-                           d / f"{name}.ext")  # fmt: skip
+    cert, key, csr, ext = (
+        d / f"{name}.pem",
+        d / f"{name}.key",
+        d / f"{name}.csr",
+        d / f"{name}.ext",
+    )
     ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
 
     def run(*args: str) -> None:
         subprocess.run([openssl, *args], check=True, capture_output=True, timeout=60)
 
-    run("req", "-x509", *ec, "-keyout", str(ca_key), "-out", str(ca), "-days", "2",
-        "-subj", f"/CN=consumer-sdk test CA {name}",
-        "-addext", "basicConstraints=critical,CA:TRUE",
-        "-addext", "keyUsage=critical,keyCertSign,cRLSign")  # fmt: skip
+    run(
+        "req",
+        "-x509",
+        *ec,
+        "-keyout",
+        str(ca_key),
+        "-out",
+        str(ca),
+        "-days",
+        "2",
+        "-subj",
+        f"/CN=consumer-sdk test CA {name}",
+        "-addext",
+        "basicConstraints=critical,CA:TRUE",
+        "-addext",
+        "keyUsage=critical,keyCertSign,cRLSign",
+    )
     run("req", *ec, "-keyout", str(key), "-out", str(csr), "-subj", f"/CN={hosts[0]}")
     sans = ",".join(
         f"IP:{h}" if h.replace(".", "").isdigit() or ":" in h else f"DNS:{h}" for h in hosts
@@ -101,8 +118,23 @@ def make_certificates(
         f"subjectAltName={sans}\nbasicConstraints=CA:FALSE\n"
         "keyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n"
     )
-    run("x509", "-req", "-in", str(csr), "-CA", str(ca), "-CAkey", str(ca_key),
-        "-CAcreateserial", "-out", str(cert), "-days", "2", "-extfile", str(ext))  # fmt: skip
+    run(
+        "x509",
+        "-req",
+        "-in",
+        str(csr),
+        "-CA",
+        str(ca),
+        "-CAkey",
+        str(ca_key),
+        "-CAcreateserial",
+        "-out",
+        str(cert),
+        "-days",
+        "2",
+        "-extfile",
+        str(ext),
+    )
     return Certificates(ca, cert, key)
 
 
@@ -187,9 +219,11 @@ class _ScramServer:
             password = self._users.get(user)
             # An unknown user gets a made-up salt: the failure comes at the proof, as in Kafka.
             self._salted = hashlib.pbkdf2_hmac(
-                self._hash, (password or secrets.token_hex(8)).encode(), self._salt,
+                self._hash,
+                (password or secrets.token_hex(8)).encode(),
+                self._salt,
                 self._iterations,
-            )  # fmt: skip
+            )
             self._nonce = attrs.get("r", "") + secrets.token_urlsafe(18)
             salt = base64.b64encode(self._salt).decode()
             self._server_first = f"r={self._nonce},s={salt},i={self._iterations}"
@@ -232,8 +266,10 @@ class _SaslSession:
         ok = mechanism in self.mechanisms
         if ok:
             self.mechanism = mechanism
-        return {"error_code": 0 if ok else _UNSUPPORTED_SASL_MECHANISM,
-                "mechanisms": self.mechanisms}  # fmt: skip
+        return {
+            "error_code": 0 if ok else _UNSUPPORTED_SASL_MECHANISM,
+            "mechanisms": self.mechanisms,
+        }
 
     def authenticate(self, auth_bytes: bytes) -> tuple[bytes, int, str | None]:
         if self.mechanism is None:
@@ -333,9 +369,10 @@ class TlsProxy(ProxyBase):
             pending: dict[int, tuple[int, int]] = {}
             write_lock = threading.Lock()
             threading.Thread(
-                target=self._pump_responses, args=(client, upstream, pending, write_lock),
+                target=self._pump_responses,
+                args=(client, upstream, pending, write_lock),
                 daemon=True,
-            ).start()  # fmt: skip
+            ).start()
             self._pump_requests(client, upstream, pending, write_lock)
         except OSError:
             pass
@@ -343,9 +380,12 @@ class TlsProxy(ProxyBase):
             self._close_pair(client, *(s for s in (upstream,) if s is not None))
 
     def _pump_requests(
-        self, client: socket.socket, upstream: socket.socket,
-        pending: dict[int, tuple[int, int]], write_lock: threading.Lock,
-    ) -> None:  # fmt: skip
+        self,
+        client: socket.socket,
+        upstream: socket.socket,
+        pending: dict[int, tuple[int, int]],
+        write_lock: threading.Lock,
+    ) -> None:
         session = _SaslSession(self._users, self._mechanisms) if self._users is not None else None
         while True:
             body = _read_frame(client)
@@ -363,8 +403,9 @@ class TlsProxy(ProxyBase):
             pending[cid] = (api_key, version)
             upstream.sendall(struct.pack(">i", len(body)) + body)
 
-    def _sasl(self, session: _SaslSession, body: bytes, api_key: int, version: int,
-              cid: int) -> bytes:  # fmt: skip
+    def _sasl(
+        self, session: _SaslSession, body: bytes, api_key: int, version: int, cid: int
+    ) -> bytes:
         request = _decode_request(body, api_key, version)
         response_type = _schema(api_key, version, "response")
         assert response_type is not None
@@ -372,12 +413,16 @@ class TlsProxy(ProxyBase):
 
         if api_key == API_SASL_HANDSHAKE:
             fields = session.handshake(request)
-            response = response_type(error_code=ErrorCode(fields["error_code"]),
-                                     mechanisms=fields["mechanisms"])  # fmt: skip
+            response = response_type(
+                error_code=ErrorCode(fields["error_code"]), mechanisms=fields["mechanisms"]
+            )
         else:
             auth, code, message = session.authenticate(bytes(request.auth_bytes))
-            values: dict[str, Any] = {"error_code": ErrorCode(code), "error_message": message,
-                                      "auth_bytes": auth}  # fmt: skip
+            values: dict[str, Any] = {
+                "error_code": ErrorCode(code),
+                "error_message": message,
+                "auth_bytes": auth,
+            }
             if version >= 1:
                 values["session_lifetime"] = i64Timedelta.parse(datetime.timedelta(0))
             response = response_type(**values)
@@ -393,9 +438,12 @@ class TlsProxy(ProxyBase):
         return _encode_response(response, cid)
 
     def _pump_responses(
-        self, client: socket.socket, upstream: socket.socket,
-        pending: dict[int, tuple[int, int]], write_lock: threading.Lock,
-    ) -> None:  # fmt: skip
+        self,
+        client: socket.socket,
+        upstream: socket.socket,
+        pending: dict[int, tuple[int, int]],
+        write_lock: threading.Lock,
+    ) -> None:
         try:
             while True:
                 body = _read_frame(upstream)

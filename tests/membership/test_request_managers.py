@@ -137,8 +137,9 @@ def test_async_commit_is_sent_with_member_epoch_and_never_retried() -> None:
     r = send.request
     assert (r.group_id, r.member_id, r.member_epoch) == ("g", "m1", 4)
     assert [(o.topic, o.partition, o.offset, o.leader_epoch, o.metadata) for o in r.offsets] == [
-        ("t", 0, 5, -1, None), ("t", 1, 9, 3, "m")
-    ]  # fmt: skip
+        ("t", 0, 5, -1, None),
+        ("t", 1, 9, 3, "m"),
+    ]
     assert cm.poll(2, "m1", 4, True) == []  # in flight
     rediscover = cm.on_response(3, cid, results(E.NOT_COORDINATOR, ("t", 0), ("t", 1)))
     assert rediscover

@@ -40,9 +40,17 @@ EXPECTED = {
 
 def test_ten_states() -> None:
     assert [s.value for s in S] == [
-        "UNSUBSCRIBED", "JOINING", "RECONCILING", "ACKNOWLEDGING", "STABLE",
-        "FENCED", "PREPARE_LEAVING", "LEAVING", "STALE", "FATAL",
-    ]  # fmt: skip
+        "UNSUBSCRIBED",
+        "JOINING",
+        "RECONCILING",
+        "ACKNOWLEDGING",
+        "STABLE",
+        "FENCED",
+        "PREPARE_LEAVING",
+        "LEAVING",
+        "STALE",
+        "FATAL",
+    ]
 
 
 def test_table_matches_reference() -> None:
@@ -100,6 +108,9 @@ def test_committed_diagram_is_up_to_date() -> None:
 def test_diagram_module_runs() -> None:
     out = subprocess.run(
         [sys.executable, "-m", "consumer_sdk.membership.diagram"],
-        capture_output=True, text=True, check=True, cwd=REPO,
-    ).stdout  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=REPO,
+    ).stdout
     assert out == render_mermaid()

@@ -65,9 +65,14 @@ def test_cached_head_and_tail_follow_member_identity_and_epoch() -> None:
                 payload, _ = m.heartbeat_call(r, 1)
                 assert encoder.encode(r, 1, 42, "cid") == encode_request(payload, 42, "cid")
     full = HeartbeatRequest(
-        "g", "a", 0, rebalance_timeout_ms=300_000, subscribed_topic_names=("t",),
-        subscribed_topic_regex="", topic_partitions=(TopicIdPartitions(uuid.uuid4(), (0, 1)),),
-    )  # fmt: skip
+        "g",
+        "a",
+        0,
+        rebalance_timeout_ms=300_000,
+        subscribed_topic_names=("t",),
+        subscribed_topic_regex="",
+        topic_partitions=(TopicIdPartitions(uuid.uuid4(), (0, 1)),),
+    )
     payload, _ = m.heartbeat_call(full, 1)
     assert encoder.encode(full, 1, 9, None) == encode_request(payload, 9, None)
 

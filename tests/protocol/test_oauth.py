@@ -37,8 +37,10 @@ def test_unsecured_jwt_matches_librdkafkas_default() -> None:
     assert _part(header) == {"alg": "none"} and signature == ""
     assert _part(payload) == {"sub": "admin", "iat": 1000, "exp": 1120, "scope": ["read", "write"]}
     assert (token.principal, token.expiry_s, dict(token.extensions)) == (
-        "admin", 1120.0, {"traceId": "abc"},
-    )  # fmt: skip
+        "admin",
+        1120.0,
+        {"traceId": "abc"},
+    )
     assert jwt_claims(token.value)["sub"] == "admin"
     custom = unsecured_jwt("principal=bob principalClaimName=user", now_s=0)
     assert jwt_claims(custom.value)["user"] == "bob"
@@ -137,22 +139,30 @@ def test_extensions_key_is_parsed_and_checked() -> None:
 def test_oauthbearer_settings_pick_the_token_source_like_librdkafka() -> None:
     base = {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "OAUTHBEARER"}
     unsecured = ConnectionSettings.from_config(
-        {**base, "enable.sasl.oauthbearer.unsecure.jwt": "true",
-         "sasl.oauthbearer.config": "principal=me"}
+        {
+            **base,
+            "enable.sasl.oauthbearer.unsecure.jwt": "true",
+            "sasl.oauthbearer.config": "principal=me",
+        }
     )
     assert unsecured.oauth is not None and unsecured.oauth.describe == "unsecured JWT"
     assert unsecured.oauth.token().principal == "me"
     callback = ConnectionSettings.from_config({**base, "oauth_cb": lambda c: ("t", 1e12)})
     assert callback.oauth is not None and callback.oauth.describe == "oauth_cb"
     oidc = ConnectionSettings.from_config(
-        {**base, "sasl.oauthbearer.method": "OIDC", "sasl.oauthbearer.client.id": "c",
-         "sasl.oauthbearer.client.secret": "s3cret-value",
-         "sasl.oauthbearer.token.endpoint.url": "https://idp.example/token"}
+        {
+            **base,
+            "sasl.oauthbearer.method": "OIDC",
+            "sasl.oauthbearer.client.id": "c",
+            "sasl.oauthbearer.client.secret": "s3cret-value",
+            "sasl.oauthbearer.token.endpoint.url": "https://idp.example/token",
+        }
     )
     assert oidc.oauth is not None and oidc.oauth.describe == "oidc"
     assert "s3cret-value" not in repr(oidc)
-    plain = ConnectionSettings.from_config({**base, "sasl.mechanism": "PLAIN",
-                                            "sasl.username": "u", "sasl.password": "p"})
+    plain = ConnectionSettings.from_config(
+        {**base, "sasl.mechanism": "PLAIN", "sasl.username": "u", "sasl.password": "p"}
+    )
     assert plain.oauth is None
 
 
@@ -170,15 +180,20 @@ def _self_signed(password: bytes | None) -> tuple[str, str, bytes]:
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "client")])
     now = datetime.datetime.now(datetime.UTC)
     cert = (
-        x509.CertificateBuilder().subject_name(name).issuer_name(name)
-        .public_key(key.public_key()).serial_number(1)
-        .not_valid_before(now).not_valid_after(now + datetime.timedelta(days=1))
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(1)
+        .not_valid_before(now)
+        .not_valid_after(now + datetime.timedelta(days=1))
         .sign(key, hashes.SHA256())
-    )  # fmt: skip
+    )
     encryption = (
-        serialization.BestAvailableEncryption(password) if password
+        serialization.BestAvailableEncryption(password)
+        if password
         else serialization.NoEncryption()
-    )  # fmt: skip
+    )
     key_pem = key.private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, encryption
     ).decode()
@@ -245,14 +260,16 @@ def test_oidc_client_credentials_grant_against_a_local_endpoint() -> None:
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         config = {
-            "security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "OAUTHBEARER",
+            "security.protocol": "SASL_PLAINTEXT",
+            "sasl.mechanism": "OAUTHBEARER",
             "sasl.oauthbearer.method": "oidc",
             "sasl.oauthbearer.client.credentials.client.id": "app",
             "sasl.oauthbearer.client.credentials.client.secret": "pw",
             "sasl.oauthbearer.token.endpoint.url": f"http://127.0.0.1:{server.server_port}/t",
-            "sasl.oauthbearer.scope": "kafka", "sasl.oauthbearer.sub.claim.name": "cid",
+            "sasl.oauthbearer.scope": "kafka",
+            "sasl.oauthbearer.sub.claim.name": "cid",
             "sasl.oauthbearer.extensions": "logicalCluster=lkc-1",
-        }  # fmt: skip
+        }
         provider = ConnectionSettings.from_config(config).oauth
         assert provider is not None
         token = provider.token()
@@ -265,7 +282,7 @@ def test_oidc_client_credentials_grant_against_a_local_endpoint() -> None:
         assert bad is not None
         with pytest.raises(OAuthError) as info:
             bad.token()
-        assert "answered HTTP 401: {\"error\":\"invalid_client\"}" in info.value.args[0].str()
+        assert 'answered HTTP 401: {"error":"invalid_client"}' in info.value.args[0].str()
     finally:
         server.shutdown()
         server.server_close()

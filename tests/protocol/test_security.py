@@ -82,9 +82,12 @@ def test_bad_settings_name_the_key(config: dict[str, object], message: str) -> N
 
 @pytest.mark.parametrize(
     ("value", "message"),
-    [(None, "bootstrap.servers: required"), ("host", "'host' is not host:port"),
-     ("h:99999", "'h:99999' is not host:port")],
-)  # fmt: skip
+    [
+        (None, "bootstrap.servers: required"),
+        ("host", "'host' is not host:port"),
+        ("h:99999", "'h:99999' is not host:port"),
+    ],
+)
 def test_bad_bootstrap_servers(value: object, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         parse_bootstrap_servers(value)

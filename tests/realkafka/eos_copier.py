@@ -29,10 +29,15 @@ def main(bootstrap: str, src: str, dst: str, group: str, transactional_id: str) 
     producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": transactional_id})
     # Fences the previous incarnation and aborts its open transaction first.
     producer.init_transactions(60)
-    consumer = Consumer({
-        "bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False,
-        "isolation.level": "read_committed", "auto.offset.reset": "earliest",
-    })  # fmt: skip
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": group,
+            "enable.auto.commit": False,
+            "isolation.level": "read_committed",
+            "auto.offset.reset": "earliest",
+        }
+    )
     consumer.subscribe([src])
     say("started")
     n = 0

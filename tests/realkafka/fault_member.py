@@ -25,11 +25,17 @@ class TracingMember(ChaosMember):
 
         def traced(request: Any, response: Any, error: Any) -> None:
             if error is not None:
-                self.log.write("hb", flush=True, sent=request.member_epoch,
-                               failure=type(error).__name__)  # fmt: skip
+                self.log.write(
+                    "hb", flush=True, sent=request.member_epoch, failure=type(error).__name__
+                )
             else:
-                self.log.write("hb", flush=True, sent=request.member_epoch,
-                               code=response.error_code, got=response.member_epoch)  # fmt: skip
+                self.log.write(
+                    "hb",
+                    flush=True,
+                    sent=request.member_epoch,
+                    code=response.error_code,
+                    got=response.member_epoch,
+                )
             real(request, response, error)
 
         net._on_heartbeat = traced

@@ -17,13 +17,28 @@ CI_DURATION_S = 80
 
 def test_chaos_ci_run_on_a_real_cluster(tmp_path: Path) -> None:
     if not os.environ.get("KAFKA_HOME"):
-        pytest.skip("chaos on a real cluster needs KAFKA_HOME (an Apache Kafka >= 4.0 "
-                    "distribution)")  # fmt: skip
+        pytest.skip(
+            "chaos on a real cluster needs KAFKA_HOME (an Apache Kafka >= 4.0 distribution)"
+        )
     result = subprocess.run(
-        [sys.executable, "-m", "consumer_sdk.chaos", "--broker", "real",
-         "--duration", str(CI_DURATION_S), "--workdir", str(tmp_path), "--seed", "848"],
-        capture_output=True, text=True, timeout=CI_DURATION_S + 420, check=False,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "consumer_sdk.chaos",
+            "--broker",
+            "real",
+            "--duration",
+            str(CI_DURATION_S),
+            "--workdir",
+            str(tmp_path),
+            "--seed",
+            "848",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=CI_DURATION_S + 420,
+        check=False,
+    )
     report = result.stdout + "\n" + result.stderr[-3000:]
     assert result.returncode == 0, report
     summary = json.loads((tmp_path / "summary.json").read_text())

@@ -35,8 +35,12 @@ def _topic(servers: str, partitions: int) -> str:
 
 
 def _consumers(servers: str, group: str) -> tuple[Consumer, confluent_kafka.Consumer]:
-    conf = {"bootstrap.servers": servers, "group.id": group, "enable.auto.commit": False,
-            "auto.offset.reset": "earliest"}  # fmt: skip
+    conf = {
+        "bootstrap.servers": servers,
+        "group.id": group,
+        "enable.auto.commit": False,
+        "auto.offset.reset": "earliest",
+    }
     return Consumer(conf), confluent_kafka.Consumer({**conf, "group.protocol": "consumer"})
 
 
@@ -69,8 +73,10 @@ def test_times_watermarks_and_seek_to_time_match_confluent_kafka(servers: str) -
                 consumer.offsets_for_times([TopicPartition(topic, 1, ts)], timeout=30)[0].offset
                 for ts in queries
             ]
-            marks = [consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)
-                     for p in range(2)]  # fmt: skip
+            marks = [
+                consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)
+                for p in range(2)
+            ]
             # Seek to a time: assign at the offset offsets_for_times gave, then seek on.
             consumer.assign([TopicPartition(topic, 1, found[1])])
             first = _first_offset(consumer, 1)
@@ -99,16 +105,21 @@ def test_manual_assignment_commits_like_confluent_kafka(servers: str) -> None:
     topic = _topic(servers, 1)
     group = f"dropin-manual-{uuid.uuid4().hex[:8]}"
     sdk, ref = _consumers(servers, group)
-    member = confluent_kafka.Consumer({"bootstrap.servers": servers, "group.id": group,
-                                       "group.protocol": "consumer"})  # fmt: skip
+    member = confluent_kafka.Consumer(
+        {"bootstrap.servers": servers, "group.id": group, "group.protocol": "consumer"}
+    )
     try:
         for consumer in (sdk, ref):
             consumer.assign([TopicPartition(topic, 0)])
         assert [_commit_code(sdk, topic, 2), _commit_code(ref, topic, 3)] == [None, None]
         assert sdk.committed([TopicPartition(topic, 0)], 30)[0].offset == 3
         member.subscribe([topic])
-        wait_until(lambda: member.poll(0.2) is None and member.assignment(), 60, 0.0,
-                   "a group member owning the partition")  # fmt: skip
+        wait_until(
+            lambda: member.poll(0.2) is None and member.assignment(),
+            60,
+            0.0,
+            "a group member owning the partition",
+        )
         assert [_commit_code(sdk, topic, 4), _commit_code(ref, topic, 4)] == [
             KafkaError.UNKNOWN_MEMBER_ID
         ] * 2

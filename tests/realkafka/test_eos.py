@@ -55,10 +55,13 @@ class Copier:
     def __init__(self, servers: str, src: str, dst: str, group: str, txn_id: str) -> None:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *sys.path])}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.realkafka.eos_copier", servers, src, dst, group,
-             txn_id],
-            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        )  # fmt: skip
+            [sys.executable, "-m", "tests.realkafka.eos_copier", servers, src, dst, group, txn_id],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         self.lines: queue.Queue[str] = queue.Queue()
         self.stderr: list[str] = []
         threading.Thread(target=self._pump, args=(self.proc.stdout, True), daemon=True).start()
@@ -120,10 +123,14 @@ def _read_committed(servers: str, topic: str, expected: int) -> list[bytes]:
     """Every committed record of ``topic`` (read_committed), waiting until ``expected`` were
     seen and then a little longer for any extra one."""
     # An independent reader: confluent-kafka's own consumer.
-    reader = confluent_kafka.Consumer({
-        "bootstrap.servers": servers, "group.id": f"reader-{uuid.uuid4().hex}",
-        "isolation.level": "read_committed", "enable.auto.commit": False,
-    })  # fmt: skip
+    reader = confluent_kafka.Consumer(
+        {
+            "bootstrap.servers": servers,
+            "group.id": f"reader-{uuid.uuid4().hex}",
+            "isolation.level": "read_committed",
+            "enable.auto.commit": False,
+        }
+    )
     values: list[bytes] = []
     try:
         reader.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
@@ -136,8 +143,10 @@ def _read_committed(servers: str, topic: str, expected: int) -> list[bytes]:
 
         wait_until(drained, 180, 0.0, f"{expected} committed records in {topic}")
         # Anything beyond would be a duplicate: read on until the end offsets.
-        ends = [reader.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
-                for p in range(PARTITIONS)]  # fmt: skip
+        ends = [
+            reader.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+            for p in range(PARTITIONS)
+        ]
         assert all(end is not None for end in ends)
         for _ in range(6):
             values.extend(m.value() or b"" for m in reader.consume(100, 0.5) if m.error() is None)
@@ -181,10 +190,19 @@ def test_transactional_copy_survives_kill_9_exactly_once(
     checker = Consumer({"bootstrap.servers": servers, "group.id": group})
     try:
         wait_until(
-            lambda: sum(tp.offset for tp in checker.committed(
-                [TopicPartition(src, p) for p in range(PARTITIONS)], 30)) == RECORDS,
-            60, 0.2, "the group's committed offsets to cover the input",
-        )  # fmt: skip
+            lambda: (
+                sum(
+                    tp.offset
+                    for tp in checker.committed(
+                        [TopicPartition(src, p) for p in range(PARTITIONS)], 30
+                    )
+                )
+                == RECORDS
+            ),
+            60,
+            0.2,
+            "the group's committed offsets to cover the input",
+        )
     finally:
         checker.close()
 
@@ -198,8 +216,12 @@ def test_broker_fences_zombie_group_metadata(servers: str) -> None:
     try:
         producer.init_transactions(60)
         a.subscribe([topic])
-        wait_until(lambda: a.poll(0.1) is None and len(a.assignment()) == 2, 60, 0.0,
-                   "member a owning both partitions")  # fmt: skip
+        wait_until(
+            lambda: a.poll(0.1) is None and len(a.assignment()) == 2,
+            60,
+            0.0,
+            "member a owning both partitions",
+        )
         stale = a.consumer_group_metadata()
         stale_epoch = read_group_metadata(stale).generation_id
         assert stale_epoch == a.member_epoch > 0

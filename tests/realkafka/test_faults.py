@@ -90,16 +90,19 @@ class Group:
     def produce(self, n: int) -> None:
         start = self._produced
         self._produced += n
-        self.kafka.produce(self.topic, [(str(i), str(i)) for i in range(start, start + n)],
-                           timeout=90)  # fmt: skip
+        self.kafka.produce(
+            self.topic, [(str(i), str(i)) for i in range(start, start + n)], timeout=90
+        )
 
     def end_offsets(self) -> dict[int, int]:
         from confluent_kafka import Consumer, TopicPartition
 
         c = Consumer({"bootstrap.servers": self.kafka.bootstrap_servers, "group.id": "wm"})
         try:
-            return {p: int(c.get_watermark_offsets(TopicPartition(self.topic, p), 10)[1])
-                    for p in range(PARTITIONS)}  # fmt: skip
+            return {
+                p: int(c.get_watermark_offsets(TopicPartition(self.topic, p), 10)[1])
+                for p in range(PARTITIONS)
+            }
         finally:
             c.close()
 
@@ -118,8 +121,11 @@ class Group:
             raise CoordinatorMoving(response.error_code)
         if response.error_code != 0:
             raise RuntimeError(f"OffsetFetch error {response.error_code}")
-        return {r.partition: r.offset for r in response.partitions
-                if r.error_code == 0 and r.offset >= 0}  # fmt: skip
+        return {
+            r.partition: r.offset
+            for r in response.partitions
+            if r.error_code == 0 and r.offset >= 0
+        }
 
     def _sample(self) -> None:
         while not self._stop_sampling.is_set():
@@ -131,16 +137,40 @@ class Group:
 
     def spawn(self, name: str, impl: str) -> Proc:
         log = self.dir / f"{name}.jsonl"
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-            [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}  # fmt: skip
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(
+                [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
+            ),
+        }
         stderr = (self.dir / f"{name}.stderr").open("ab")
         popen = subprocess.Popen(
-            [sys.executable, "-m", "tests.realkafka.fault_member", "--impl", impl, "--name",
-             name, "--bootstrap", self.kafka.bootstrap_servers, "--group", self.group,
-             "--topic", self.topic, "--log", str(log), "--close-timeout", str(CLOSE_TIMEOUT_S)],
-            cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-            stderr=stderr, start_new_session=True,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "tests.realkafka.fault_member",
+                "--impl",
+                impl,
+                "--name",
+                name,
+                "--bootstrap",
+                self.kafka.bootstrap_servers,
+                "--group",
+                self.group,
+                "--topic",
+                self.topic,
+                "--log",
+                str(log),
+                "--close-timeout",
+                str(CLOSE_TIMEOUT_S),
+            ],
+            cwd=ROOT,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+            start_new_session=True,
+        )
         stderr.close()
         proc = Proc(name, impl, popen, log)
         self.procs.append(proc)
@@ -169,8 +199,12 @@ class Group:
         return flat == list(range(PARTITIONS)) and all(owned)
 
     def wait_balanced(self, procs: list[Proc], timeout: float = 90.0) -> float:
-        wait_until(lambda: self.balanced(procs), timeout, 0.1,
-                   f"every partition owned once by {[p.name for p in procs]}")  # fmt: skip
+        wait_until(
+            lambda: self.balanced(procs),
+            timeout,
+            0.1,
+            f"every partition owned once by {[p.name for p in procs]}",
+        )
         return time.time()
 
     def processed(self) -> set[tuple[int, int]]:
@@ -180,8 +214,7 @@ class Group:
         ends = self.end_offsets()
         wanted = {(p, o) for p, end in ends.items() for o in range(end)}
         wait_until(lambda: wanted <= self.processed(), timeout, 0.2, "every record processed")
-        wait_until(lambda: self._committed_or_none() == ends, timeout, 0.2,
-                   f"committed == {ends}")  # fmt: skip
+        wait_until(lambda: self._committed_or_none() == ends, timeout, 0.2, f"committed == {ends}")
         return ends
 
     def _committed_or_none(self) -> dict[int, int] | None:
@@ -235,9 +268,15 @@ class Group:
         self._client.close()
 
     def check(self, ends: dict[int, int]) -> Summary:
-        summary = analyze(self.events(), self.driver_events, ends, list(self.samples),
-                          session_s=SESSION_S, close_timeout_s=CLOSE_TIMEOUT_S,
-                          heartbeat_interval_s=INTERVAL_S)  # fmt: skip
+        summary = analyze(
+            self.events(),
+            self.driver_events,
+            ends,
+            list(self.samples),
+            session_s=SESSION_S,
+            close_timeout_s=CLOSE_TIMEOUT_S,
+            heartbeat_interval_s=INTERVAL_S,
+        )
         summary.broker = "real"
         report = summary.format()
         assert summary.violations == {}, report
@@ -247,8 +286,10 @@ class Group:
         return summary
 
     def stderr(self) -> str:
-        return "\n".join(f"--- {p.name}\n" + (self.dir / f"{p.name}.stderr").read_text()[-2000:]
-                         for p in self.procs)  # fmt: skip
+        return "\n".join(
+            f"--- {p.name}\n" + (self.dir / f"{p.name}.stderr").read_text()[-2000:]
+            for p in self.procs
+        )
 
 
 @pytest.fixture
@@ -295,8 +336,7 @@ def test_coordinator_node_fault(group: Group, fault: str) -> None:
         g.driver_events.append({"t": t_fault, "ev": "node_kill", "node": old, "coordinator": True})
     else:
         kafka.pause_node(old)
-        g.driver_events.append({"t": t_fault, "ev": "node_pause", "node": old,
-                                "coordinator": True})  # fmt: skip
+        g.driver_events.append({"t": t_fault, "ev": "node_pause", "node": old, "coordinator": True})
     producer.start()
     moved = lambda: (c := kafka.coordinator_for(g.group)) != old and c  # noqa: E731
     if fault == "pause":
@@ -318,14 +358,19 @@ def test_coordinator_node_fault(group: Group, fault: str) -> None:
     sdk_lost, ck_lost = lost_events(g, "sdk", t_fault), lost_events(g, "ck", t_fault)
     g.close()
     summary = g.check(ends)
-    print(f"\n{fault}: coordinator {old} -> {new}; lost callbacks sdk={len(sdk_lost)} "
-          f"ck={len(ck_lost)}; zombie windows {summary.zombie_windows} "
-          f"(max {summary.zombie_max_s:.2f}s)\n{summary.format()}")  # fmt: skip
+    print(
+        f"\n{fault}: coordinator {old} -> {new}; lost callbacks sdk={len(sdk_lost)} "
+        f"ck={len(ck_lost)}; zombie windows {summary.zombie_windows} "
+        f"(max {summary.zombie_max_s:.2f}s)\n{summary.format()}"
+    )
 
 
 def _first_assign_of(g: Group, parts: set[int], after: float) -> float:
-    return min(e["t"] for e in g.events() if e["ev"] == "assign" and e["t"] > after
-               and set(e["parts"]) & parts)  # fmt: skip
+    return min(
+        e["t"]
+        for e in g.events()
+        if e["ev"] == "assign" and e["t"] > after and set(e["parts"]) & parts
+    )
 
 
 def test_member_sigkill_the_others_take_over_after_the_session(group: Group) -> None:
@@ -334,8 +379,12 @@ def test_member_sigkill_the_others_take_over_after_the_session(group: Group) -> 
     as fast for the dead SDK member as for the dead confluent-kafka one."""
     g = group
     g.produce(300)
-    members = [g.spawn("sdk1", "sdk"), g.spawn("sdk2", "sdk"), g.spawn("ck1", "ck"),
-               g.spawn("ck2", "ck")]  # fmt: skip
+    members = [
+        g.spawn("sdk1", "sdk"),
+        g.spawn("sdk2", "sdk"),
+        g.spawn("ck1", "ck"),
+        g.spawn("ck2", "ck"),
+    ]
     g.wait_balanced(members)
     g.wait_consumed_and_committed()
     takeover: dict[str, float] = {}
@@ -349,8 +398,10 @@ def test_member_sigkill_the_others_take_over_after_the_session(group: Group) -> 
         first = _first_assign_of(g, orphaned, t_kill)
         # the broker's session (less the last heartbeat's head start) runs out first
         assert first - t_kill >= SESSION_S - INTERVAL_S - 0.2, (victim.name, first - t_kill)
-        takeover[victim.impl] = max(e["t"] for e in g.events() if e["ev"] == "assign"
-                                    and set(e["parts"]) & orphaned) - t_kill  # fmt: skip
+        takeover[victim.impl] = (
+            max(e["t"] for e in g.events() if e["ev"] == "assign" and set(e["parts"]) & orphaned)
+            - t_kill
+        )
     ends = g.wait_consumed_and_committed()
     g.close()
     summary = g.check(ends)
@@ -395,8 +446,9 @@ def test_member_sigstop_past_the_session_is_fenced_and_rejoins(group: Group) -> 
         assert rejoined, f"{victim.name} got no partitions after rejoining"
         if victim.impl == "sdk":
             old_epoch = before[-1]["got"]
-            answered = [e for e in g.events(victim) if e["ev"] == "hb" and e["t"] > t_cont
-                        and "code" in e]  # fmt: skip
+            answered = [
+                e for e in g.events(victim) if e["ev"] == "hb" and e["t"] > t_cont and "code" in e
+            ]
             fenced, rejoin = answered[0], answered[1]
             assert fenced["sent"] == old_epoch and fenced["code"] in (25, 110), answered[:3]
             assert rejoin["sent"] == 0 and rejoin["code"] == 0, answered[:3]
@@ -404,12 +456,16 @@ def test_member_sigstop_past_the_session_is_fenced_and_rejoins(group: Group) -> 
             assert lost[0]["t"] <= rejoin["t"], "on_lost ran before the rejoin was answered"
             assert rejoined[0]["mid"] == lost[0]["mid"], "same member id after the rejoin"
             assert rejoined[0]["ep"] >= rejoin["got"]
-            print(f"\nsdk1 after SIGCONT: heartbeat epoch {fenced['sent']} -> error "
-                  f"{fenced['code']}; on_lost {sorted(owned)} at +{lost[0]['t'] - t_cont:.2f}s; "
-                  f"rejoin epoch 0 -> {rejoin['got']} at +{rejoin['t'] - t_cont:.2f}s")  # fmt: skip
+            print(
+                f"\nsdk1 after SIGCONT: heartbeat epoch {fenced['sent']} -> error "
+                f"{fenced['code']}; on_lost {sorted(owned)} at +{lost[0]['t'] - t_cont:.2f}s; "
+                f"rejoin epoch 0 -> {rejoin['got']} at +{rejoin['t'] - t_cont:.2f}s"
+            )
         else:
-            print(f"ck1 after SIGCONT: on_lost {sorted(owned)} at +{lost[0]['t'] - t_cont:.2f}s, "
-                  f"assigned again at +{rejoined[0]['t'] - t_cont:.2f}s")  # fmt: skip
+            print(
+                f"ck1 after SIGCONT: on_lost {sorted(owned)} at +{lost[0]['t'] - t_cont:.2f}s, "
+                f"assigned again at +{rejoined[0]['t'] - t_cont:.2f}s"
+            )
     ends = g.wait_consumed_and_committed()
     g.close()
     g.check(ends)
@@ -439,11 +495,18 @@ def test_coordinator_move_is_retried_with_backoff_not_a_warning_storm(
         moved = kafka.coordinator_for(group)
         assert moved != node
         time.sleep(3 * INTERVAL_S)  # the members find the new coordinator and heartbeat there
-        wait_until(lambda: all(m.consumer.state.name == "STABLE" for m in members), 60, 0.1,
-                   "both members stable on the new coordinator")  # fmt: skip
+        wait_until(
+            lambda: all(m.consumer.state.name == "STABLE" for m in members),
+            60,
+            0.1,
+            "both members stable on the new coordinator",
+        )
         records = [r for r in caplog.records if r.name.startswith("consumer_sdk")]
-        failures = [r for r in records if "Heartbeat failed" in r.getMessage()
-                    or "FindCoordinator failed" in r.getMessage()]  # fmt: skip
+        failures = [
+            r
+            for r in records
+            if "Heartbeat failed" in r.getMessage() or "FindCoordinator failed" in r.getMessage()
+        ]
         loud = [r.getMessage() for r in failures if r.levelno >= logging.INFO]
         # Per member: at most one transport episode (WARNING) and one coordinator-load
         # episode (INFO); retries log at DEBUG.

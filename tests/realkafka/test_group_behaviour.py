@@ -67,8 +67,13 @@ def test_scale_out_and_in_with_a_confluent_member(real_kafka: KafkaCluster, assi
     timeline = Timeline()
 
     def cfg(i: int) -> dict[str, Any]:
-        return config(kafka, group, group_remote_assignor=assignor, client_rack=f"rack-{i}",
-                      auto_commit_interval_ms=500)  # fmt: skip
+        return config(
+            kafka,
+            group,
+            group_remote_assignor=assignor,
+            client_rack=f"rack-{i}",
+            auto_commit_interval_ms=500,
+        )
 
     sent = 0
 
@@ -78,21 +83,31 @@ def test_scale_out_and_in_with_a_confluent_member(real_kafka: KafkaCluster, assi
         sent += n
 
     produce(400)
-    members: list[AnyMember] = [Member("sdk0", cfg(0), [topic], timeline),
-                                Member("sdk1", cfg(1), [topic], timeline),
-                                CkMember("ck", cfg(9), [topic], timeline)]  # fmt: skip
+    members: list[AnyMember] = [
+        Member("sdk0", cfg(0), [topic], timeline),
+        Member("sdk1", cfg(1), [topic], timeline),
+        CkMember("ck", cfg(9), [topic], timeline),
+    ]
     try:
-        wait_for(lambda: _disjoint_cover(members, every) and all(m.owned for m in members),
-                 timeout=60, what="3 members covering the topic")  # fmt: skip
+        wait_for(
+            lambda: _disjoint_cover(members, every) and all(m.owned for m in members),
+            timeout=60,
+            what="3 members covering the topic",
+        )
         described = kafka.describe_group(group)
         assert described.assignor == assignor
         assert sorted(m.rack or "" for m in described.members) == ["rack-0", "rack-1", "rack-9"]
 
         produce(400)
-        members += [Member("sdk2", cfg(2), [topic], timeline),
-                    Member("sdk3", cfg(3), [topic], timeline)]  # fmt: skip
-        wait_for(lambda: _disjoint_cover(members, every) and all(m.owned for m in members),
-                 timeout=60, what="5 members covering the topic")  # fmt: skip
+        members += [
+            Member("sdk2", cfg(2), [topic], timeline),
+            Member("sdk3", cfg(3), [topic], timeline),
+        ]
+        wait_for(
+            lambda: _disjoint_cover(members, every) and all(m.owned for m in members),
+            timeout=60,
+            what="5 members covering the topic",
+        )
 
         produce(400)
         leaving = [m for m in members if m.name in ("sdk1", "sdk3")]
@@ -102,8 +117,11 @@ def test_scale_out_and_in_with_a_confluent_member(real_kafka: KafkaCluster, assi
         wait_for(lambda: _disjoint_cover(rest, every), timeout=60, what="the leavers' partitions")
         produce(400)
 
-        every_record = {(t, p, o) for (t, p), end in _end_offsets(kafka, topic, partitions).items()
-                        for o in range(end)}  # fmt: skip
+        every_record = {
+            (t, p, o)
+            for (t, p), end in _end_offsets(kafka, topic, partitions).items()
+            for o in range(end)
+        }
         assert len(every_record) == sent == 1600
         wait_for(lambda: _consumed(members) >= every_record, timeout=60, what="every record")
         ends = {tp: end for tp, end in _end_offsets(kafka, topic, partitions).items() if end}
@@ -143,10 +161,16 @@ def test_static_leave_keeps_the_assignment_for_the_same_instance(real_kafka: Kaf
         kept = [m for m in gone.members if m.instance_id == "inst-a"]
         assert kept and kept[0].partitions == before, gone
         a2 = Member("a2", config(kafka, group, group_instance_id="inst-a"), [topic], timeline)
-        wait_for(lambda: a2 is not None and a2.owned == before, timeout=60,
-                 what="the same partitions for the same instance id")  # fmt: skip
-        ck_assigned = [parts for _, name, kind, parts in timeline.events
-                       if name == "ck" and kind == "assign" and parts]  # fmt: skip
+        wait_for(
+            lambda: a2 is not None and a2.owned == before,
+            timeout=60,
+            what="the same partitions for the same instance id",
+        )
+        ck_assigned = [
+            parts
+            for _, name, kind, parts in timeline.events
+            if name == "ck" and kind == "assign" and parts
+        ]
         assert len(ck_assigned) == 1, f"the static member's partitions moved: {ck_assigned}"
         assert a2.consumer.member_id != old_member_id
         described = kafka.describe_group(group)
@@ -214,34 +238,54 @@ def test_regex_subscription_is_evaluated_by_the_broker(real_kafka: KafkaCluster)
     ck = CkMember("ck", config(kafka, unique("rx-ck")), [pattern], Timeline())
     members = [sdk, ck]
     try:
-        wait_for(lambda: all(m.owned == {(first, 0)} for m in members), timeout=60,
-                 what="the matching topic")  # fmt: skip
+        wait_for(
+            lambda: all(m.owned == {(first, 0)} for m in members),
+            timeout=60,
+            what="the matching topic",
+        )
         second = f"{prefix}-b"
         kafka.create_topic(second, 2)
         kafka.produce(second, ["s0", "s1", "s2"], partition=1)
         # the broker refreshes regex subscriptions on its own schedule (about 10 s)
         want = {(first, 0), (second, 0), (second, 1)}
-        wait_for(lambda: all(m.owned == want for m in members), timeout=90,
-                 what="the new matching topic")  # fmt: skip
+        wait_for(
+            lambda: all(m.owned == want for m in members), timeout=90, what="the new matching topic"
+        )
 
         kafka.add_partitions(second, 4)
         kafka.produce(second, [f"n{i}" for i in range(5)], partition=3)
         want |= {(second, 2), (second, 3)}
-        wait_for(lambda: all(m.owned == want for m in members), timeout=60,
-                 what="the added partitions")  # fmt: skip
+        wait_for(
+            lambda: all(m.owned == want for m in members), timeout=60, what="the added partitions"
+        )
         for m in members:
-            wait_for(lambda m=m: {(t, p, o) for t, p, o, _ in m.records} >= {
-                (second, 1, 0), (second, 1, 1), (second, 1, 2),
-                *((second, 3, o) for o in range(5))}, timeout=30,
-                what=f"{m.name} reading the new partitions from offset 0")  # fmt: skip
+            wait_for(
+                lambda m=m: (
+                    {(t, p, o) for t, p, o, _ in m.records}
+                    >= {
+                        (second, 1, 0),
+                        (second, 1, 1),
+                        (second, 1, 2),
+                        *((second, 3, o) for o in range(5)),
+                    }
+                ),
+                timeout=30,
+                what=f"{m.name} reading the new partitions from offset 0",
+            )
 
         kafka.delete_topic(first)
         want.discard((first, 0))
-        wait_for(lambda: all(m.owned == want for m in members), timeout=60,
-                 what="the deleted topic revoked")  # fmt: skip
+        wait_for(
+            lambda: all(m.owned == want for m in members),
+            timeout=60,
+            what="the deleted topic revoked",
+        )
         kafka.produce(second, ["after-delete"], partition=0)
-        wait_for(lambda: any(r[3] == b"after-delete" for r in sdk.records), timeout=30,
-                 what="the SDK member still consuming")  # fmt: skip
+        wait_for(
+            lambda: any(r[3] == b"after-delete" for r in sdk.records),
+            timeout=30,
+            what="the SDK member still consuming",
+        )
         assert sdk.consumer.state is MemberState.STABLE
         assert not sdk.errors, sdk.errors
         described = kafka.describe_group(sdk.consumer.group_id)
@@ -258,10 +302,12 @@ def test_new_partitions_start_at_latest_like_confluent_kafka(real_kafka: KafkaCl
     kafka = real_kafka
     topic = unique("latest")
     kafka.create_topic(topic, 1)
-    sdk = Member("sdk", config(kafka, unique("lt-g"), auto_offset_reset="latest"), [topic],
-                 Timeline())  # fmt: skip
-    ck = CkMember("ck", config(kafka, unique("lt-ck"), auto_offset_reset="latest"), [topic],
-                  Timeline())  # fmt: skip
+    sdk = Member(
+        "sdk", config(kafka, unique("lt-g"), auto_offset_reset="latest"), [topic], Timeline()
+    )
+    ck = CkMember(
+        "ck", config(kafka, unique("lt-ck"), auto_offset_reset="latest"), [topic], Timeline()
+    )
     try:
         wait_for(lambda: sdk.owned and ck.owned, timeout=60, what="assignments")
         kafka.add_partitions(topic, 2)
@@ -269,8 +315,11 @@ def test_new_partitions_start_at_latest_like_confluent_kafka(real_kafka: KafkaCl
         wait_for(lambda: len(sdk.owned) == len(ck.owned) == 2, timeout=60, what="partition 1")
         time.sleep(2.0)  # both positions are resolved by now
         kafka.produce(topic, ["late"], partition=1)
-        wait_for(lambda: all(any(r[3] == b"late" for r in m.records) for m in (sdk, ck)),
-                 timeout=30, what="the record produced after the assignment")  # fmt: skip
+        wait_for(
+            lambda: all(any(r[3] == b"late" for r in m.records) for m in (sdk, ck)),
+            timeout=30,
+            what="the record produced after the assignment",
+        )
         sdk_seen = {r[3] for r in sdk.records}
         ck_seen = {r[3] for r in ck.records}
         assert (b"early" in sdk_seen) == (b"early" in ck_seen), (sdk_seen, ck_seen)
@@ -292,8 +341,11 @@ def test_offset_commit_needs_the_current_member_epoch(real_kafka: KafkaCluster) 
         wait_for(lambda: len(a.owned) == 4, timeout=60, what="a owning everything")
         first_epoch = a.consumer.member_epoch
         b = Member("b", config(kafka, group, enable_auto_commit=False), [topic], timeline)
-        wait_for(lambda: b is not None and len(a.owned) == 2 and len(b.owned) == 2,
-                 timeout=60, what="2/2 split")  # fmt: skip
+        wait_for(
+            lambda: b is not None and len(a.owned) == 2 and len(b.owned) == 2,
+            timeout=60,
+            what="2/2 split",
+        )
         current = a.consumer.member_epoch
         assert current > first_epoch
 
@@ -346,8 +398,11 @@ def test_commit_in_on_revoke_hands_over_without_duplicates(real_kafka: KafkaClus
     try:
         wait_for(lambda: len(a.records) >= 100, timeout=60, what="a consuming")
         b = Member("b", cfg, [topic], timeline)
-        wait_for(lambda: b is not None and len(a.owned) == 2 and len(b.owned) == 2,
-                 timeout=60, what="2/2 split")  # fmt: skip
+        wait_for(
+            lambda: b is not None and len(a.owned) == 2 and len(b.owned) == 2,
+            timeout=60,
+            what="2/2 split",
+        )
         assert committed_in_revoke, "on_revoke ran"
         wait_for(lambda: len(_consumed([a, b])) == 400, timeout=60, what="all 400 records")
         a_records = [(t, p, o) for t, p, o, _ in a.records]
@@ -376,8 +431,9 @@ def test_poll_interval_expiry_leaves_then_rejoins(real_kafka: KafkaCluster) -> N
     slow = Member("slow", config(kafka, group, max_poll_interval_ms=2000), [topic], timeline)
     other = Member("other", config(kafka, group), [topic], timeline)
     try:
-        wait_for(lambda: len(slow.owned) == 2 and len(other.owned) == 2, timeout=60,
-                 what="2/2 split")  # fmt: skip
+        wait_for(
+            lambda: len(slow.owned) == 2 and len(other.owned) == 2, timeout=60, what="2/2 split"
+        )
         old_id = slow.consumer.member_id
         before = set(slow.owned)
         slow.pause_polling()
@@ -388,13 +444,18 @@ def test_poll_interval_expiry_leaves_then_rejoins(real_kafka: KafkaCluster) -> N
         assert [m.member_id for m in members] == [other.consumer.member_id]
         slow.resume_polling()
         wait_for(lambda: slow.lost_count == 1, timeout=30, what="on_lost when polling resumes")
-        wait_for(lambda: len(slow.owned) == 2 and len(other.owned) == 2, timeout=60,
-                 what="rejoined")  # fmt: skip
+        wait_for(
+            lambda: len(slow.owned) == 2 and len(other.owned) == 2, timeout=60, what="rejoined"
+        )
         assert slow.consumer.member_id == old_id  # KIP-848: the member id survives a rejoin
         # ownership ends at the expiry (the member has left), but the stuck application hears
         # of it only from its next poll(): on_lost, as in confluent-kafka and the Java client
-        lost = {p for _, name, kind, parts in timeline.events if name == "slow" and kind == "lost"
-                for p in parts}  # fmt: skip
+        lost = {
+            p
+            for _, name, kind, parts in timeline.events
+            if name == "slow" and kind == "lost"
+            for p in parts
+        }
         assert lost == before
         overlaps = timeline.overlaps()
         assert all("while owned by slow" in o for o in overlaps), overlaps

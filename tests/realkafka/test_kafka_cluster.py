@@ -235,9 +235,7 @@ def test_node_stop_kill_pause_and_start(real_kafka_cluster: KafkaCluster) -> Non
         {"bootstrap.servers": kafka.bootstrap_servers, "group.id": group}
     )
     try:  # a simple (memberless) commit, so the group has offsets to read back
-        committer.commit(
-            offsets=[confluent_kafka.TopicPartition(topic, 0, 1)], asynchronous=False
-        )
+        committer.commit(offsets=[confluent_kafka.TopicPartition(topic, 0, 1)], asynchronous=False)
     finally:
         committer.close()
     assert kafka.committed(group) == {(topic, 0): 1}

@@ -26,8 +26,12 @@ LEAVE_HANDOVER_S = 4.0
 
 
 def _conf(kafka: KafkaCluster, group: str, **extra: Any) -> dict[str, Any]:
-    return {"bootstrap.servers": kafka.bootstrap_servers, "group.id": group,
-            "auto.offset.reset": "earliest", **extra}  # fmt: skip
+    return {
+        "bootstrap.servers": kafka.bootstrap_servers,
+        "group.id": group,
+        "auto.offset.reset": "earliest",
+        **extra,
+    }
 
 
 def _assigned_topics(kafka: KafkaCluster, impl: str, group: str, pattern: str) -> set[str]:
@@ -128,11 +132,11 @@ def test_close_hands_over_by_a_leave(real_kafka: KafkaCluster, impl: str, how: s
             raise RuntimeError("boom in on_revoke")
 
     c = _consumer(impl, _conf(real_kafka, group))
-    c.subscribe([topic], on_assign=lambda _, ps: owned.update(p.partition for p in ps),
-                on_revoke=on_revoke)  # fmt: skip
+    c.subscribe(
+        [topic], on_assign=lambda _, ps: owned.update(p.partition for p in ps), on_revoke=on_revoke
+    )
     try:
-        _poll_until(c, lambda: len(owned) == 1 and len(other.owned) == 1, "a 1/1 split",
-                    timeout=60)  # fmt: skip
+        _poll_until(c, lambda: len(owned) == 1 and len(other.owned) == 1, "a 1/1 split", timeout=60)
         closing.set()
         started = time.monotonic()
         raised: BaseException | None = None

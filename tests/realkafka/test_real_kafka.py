@@ -33,8 +33,12 @@ def _produce(servers: str, topic: str, n: int) -> None:
 
 
 def _config(servers: str, group: str, **extra: Any) -> dict[str, Any]:
-    return {"bootstrap.servers": servers, "group.id": group, "auto.offset.reset": "earliest",
-            **{k.replace("_", "."): v for k, v in extra.items()}}  # fmt: skip
+    return {
+        "bootstrap.servers": servers,
+        "group.id": group,
+        "auto.offset.reset": "earliest",
+        **{k.replace("_", "."): v for k, v in extra.items()},
+    }
 
 
 @pytest.fixture
@@ -53,8 +57,10 @@ def test_members_share_and_consume_everything(servers: str, admin: AdminClient) 
     timeline = Timeline()
     members = [Member(f"m{i}", _config(servers, group), [topic], timeline) for i in range(3)]
     try:
-        wait_for(lambda: sum(len(m.owned) for m in members) == 6 and all(m.owned for m in members),
-                 timeout=60)  # fmt: skip
+        wait_for(
+            lambda: sum(len(m.owned) for m in members) == 6 and all(m.owned for m in members),
+            timeout=60,
+        )
         wait_for(lambda: len({r[:3] for m in members for r in m.records}) == 300, timeout=60)
         assert timeline.overlaps() == []
     finally:
@@ -70,8 +76,7 @@ def test_uniform_assignment_is_sticky(servers: str, admin: AdminClient) -> None:
     try:
         wait_for(lambda: len(a.owned) == 3 and len(b.owned) == 3, timeout=60)
         before_a = set(a.owned)
-        c = Member("c", _config(servers, group, group_remote_assignor="uniform"), [topic],
-                   timeline)  # fmt: skip
+        c = Member("c", _config(servers, group, group_remote_assignor="uniform"), [topic], timeline)
         wait_for(lambda: len(a.owned) == len(b.owned) == len(c.owned) == 2, timeout=60)
         assert a.owned <= before_a, "uniform keeps a member's partitions while rebalancing"
         c.stop()

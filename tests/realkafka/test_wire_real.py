@@ -34,8 +34,9 @@ def test_negotiated_api_versions(real_kafka: KafkaCluster) -> None:
         assert offered[m.API_CONSUMER_GROUP_HEARTBEAT][1] >= 1
         assert offered[m.API_CONSUMER_GROUP_DESCRIBE][1] >= 1
         assert offered[m.API_OFFSET_COMMIT][1] >= 10  # v10 (topic ids) is not used by the SDK
-        chosen = {api: conn.version_for(api, m.SUPPORTED_VERSIONS[api])
-                  for api in m.SUPPORTED_VERSIONS}  # fmt: skip
+        chosen = {
+            api: conn.version_for(api, m.SUPPORTED_VERSIONS[api]) for api in m.SUPPORTED_VERSIONS
+        }
     # the SDK's newest version of every API it uses is accepted by a Kafka 4.x broker
     assert chosen == {api: max(versions) for api, versions in m.SUPPORTED_VERSIONS.items()}
 
@@ -47,10 +48,16 @@ def test_heartbeat_join_leave_and_broker_errors(real_kafka: KafkaCluster) -> Non
     with ClusterClient({"bootstrap.servers": real_kafka.bootstrap_servers}) as client:
         topic_id = client.metadata([topic], 10).topic_id(topic)
         assert topic_id is not None and client.topic_name(topic_id) == topic
-        join = HeartbeatRequest(group_id=group, member_id=member, member_epoch=0,
-                                rebalance_timeout_ms=30_000, subscribed_topic_names=(topic,),
-                                subscribed_topic_regex=None, rack_id="r1",
-                                topic_partitions=())  # fmt: skip
+        join = HeartbeatRequest(
+            group_id=group,
+            member_id=member,
+            member_epoch=0,
+            rebalance_timeout_ms=30_000,
+            subscribed_topic_names=(topic,),
+            subscribed_topic_regex=None,
+            rack_id="r1",
+            topic_partitions=(),
+        )
         response = client.heartbeat(join, 10)
         assert response.error_code == 0 and response.member_epoch >= 1
         assert response.heartbeat_interval_ms == 500  # the cluster's group timing

@@ -54,32 +54,62 @@ BASE = {"bootstrap.servers": "127.0.0.1:1", "group.id": "g"}
         ({"max.poll.interval.ms": 5000.5}, "max.poll.interval.ms: expected an integer, not float"),
         ({"auto.commit.interval.ms": "5s"}, "auto.commit.interval.ms: expected an integer (got"),
         ({"socket.timeout.ms": True}, "socket.timeout.ms: expected an integer, got True"),
-        ({"isolation.level": "serializable"},
-         "isolation.level: invalid value 'serializable': Invalid value \"serializable\""),
+        (
+            {"isolation.level": "serializable"},
+            "isolation.level: invalid value 'serializable': Invalid value \"serializable\"",
+        ),
         ({"fetch.min.bytes": "lots"}, "fetch.min.bytes: invalid value 'lots'"),
         ({"fetch.max.bytes": True}, "fetch.max.bytes: invalid value True"),
         ({"logger": print}, "logger: expected a logging.Logger, got builtin_function_or_method"),
         ({"oauth_cb": "token"}, "oauth_cb: expected a callable, got str"),
-        ({"security.protocol": "SASL_SSL", "sasl.mechanism": "OAUTHBEARER"},
-         "sasl.mechanism=OAUTHBEARER: no token source; set oauth_cb"),
-        ({"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "OAUTHBEARER",
-          "enable.sasl.oauthbearer.unsecure.jwt": True, "sasl.oauthbearer.config": "scope=x"},
-         "sasl.oauthbearer.config: the unsecured JWT needs principal=NAME"),
-        ({"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "OAUTHBEARER",
-          "sasl.oauthbearer.method": "oidc"},
-         "sasl.oauthbearer.token.endpoint.url: required with sasl.oauthbearer.method=oidc"),
-        ({"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "OAUTHBEARER",
-          "sasl.oauthbearer.method": "oidc", "sasl.oauthbearer.client.id": "c",
-          "sasl.oauthbearer.client.secret": "s", "sasl.oauthbearer.token.endpoint.url": "idp"},
-         "sasl.oauthbearer.token.endpoint.url: expected an http(s) URL, got 'idp'"),
-        ({"security.protocol": "SSL", "ssl.ca.pem": "not a pem"},
-         "ssl.ca.pem: cannot load the CA certificate(s)"),
-        ({"security.protocol": "SSL", "ssl.ca.location": "/nonexistent/ca.pem"},
-         "ssl.ca.location: cannot load the CA certificate(s)"),
-        ({"ssl.ca.location": "/a.pem", "ssl.ca.pem": "x"},
-         "ssl.ca.location and ssl.ca.pem: set only one of them"),
-        ({"security.protocol": "SSL", "ssl.keystore.location": "/nonexistent/ks.p12"},
-         "ssl.keystore.location: cannot read '/nonexistent/ks.p12'"),
+        (
+            {"security.protocol": "SASL_SSL", "sasl.mechanism": "OAUTHBEARER"},
+            "sasl.mechanism=OAUTHBEARER: no token source; set oauth_cb",
+        ),
+        (
+            {
+                "security.protocol": "SASL_PLAINTEXT",
+                "sasl.mechanism": "OAUTHBEARER",
+                "enable.sasl.oauthbearer.unsecure.jwt": True,
+                "sasl.oauthbearer.config": "scope=x",
+            },
+            "sasl.oauthbearer.config: the unsecured JWT needs principal=NAME",
+        ),
+        (
+            {
+                "security.protocol": "SASL_PLAINTEXT",
+                "sasl.mechanism": "OAUTHBEARER",
+                "sasl.oauthbearer.method": "oidc",
+            },
+            "sasl.oauthbearer.token.endpoint.url: required with sasl.oauthbearer.method=oidc",
+        ),
+        (
+            {
+                "security.protocol": "SASL_PLAINTEXT",
+                "sasl.mechanism": "OAUTHBEARER",
+                "sasl.oauthbearer.method": "oidc",
+                "sasl.oauthbearer.client.id": "c",
+                "sasl.oauthbearer.client.secret": "s",
+                "sasl.oauthbearer.token.endpoint.url": "idp",
+            },
+            "sasl.oauthbearer.token.endpoint.url: expected an http(s) URL, got 'idp'",
+        ),
+        (
+            {"security.protocol": "SSL", "ssl.ca.pem": "not a pem"},
+            "ssl.ca.pem: cannot load the CA certificate(s)",
+        ),
+        (
+            {"security.protocol": "SSL", "ssl.ca.location": "/nonexistent/ca.pem"},
+            "ssl.ca.location: cannot load the CA certificate(s)",
+        ),
+        (
+            {"ssl.ca.location": "/a.pem", "ssl.ca.pem": "x"},
+            "ssl.ca.location and ssl.ca.pem: set only one of them",
+        ),
+        (
+            {"security.protocol": "SSL", "ssl.keystore.location": "/nonexistent/ks.p12"},
+            "ssl.keystore.location: cannot read '/nonexistent/ks.p12'",
+        ),
         ({"group.protocol.type": "consumer"}, "group.protocol.type: not allowed"),
         ({"security.protocol": "TLS"}, "security.protocol: 'TLS' is not one of"),
         ({"security.protocol": "SASL_SSL"}, "sasl.username / sasl.password: required"),
@@ -188,8 +218,9 @@ def test_malformed_commit_response_is_retried(
     proxied: tuple[EmbeddedKafka, FaultyProxy], kind: Any
 ) -> None:
     _kafka, faulty = proxied
-    member = GroupMember(config(f"127.0.0.1:{faulty.port}", f"bad-commit-{kind}",
-                                enable_auto_commit=False))  # fmt: skip
+    member = GroupMember(
+        config(f"127.0.0.1:{faulty.port}", f"bad-commit-{kind}", enable_auto_commit=False)
+    )
     app = App(member)
     try:
         member.subscribe(["bad"])
@@ -251,10 +282,13 @@ def test_callback_blocking_past_the_rebalance_timeout(
         assert len(beats) >= 3, "heartbeats went on while the callback blocked"
         assert "max.poll.interval.ms" in caplog.text and "Leaving the group" in caplog.text
         app.poll_until(
-            lambda: member.state is MemberState.STABLE and len(member.assignment()) == 2
-            and any(c.epoch == 0 for c in spy.snapshot()[1:]),
+            lambda: (
+                member.state is MemberState.STABLE
+                and len(member.assignment()) == 2
+                and any(c.epoch == 0 for c in spy.snapshot()[1:])
+            ),
             what="rejoined after the poll timer expired",
-        )  # fmt: skip
+        )
         assert app.errors == []
     finally:
         assert timed_close(member) < 5.5
@@ -278,8 +312,10 @@ def test_keyboard_interrupt_from_a_callback_leaves_the_consumer_usable(
             while time.monotonic() < deadline:
                 member.poll(0.1)
         app = App(member)
-        app.poll_until(lambda: member.state is MemberState.STABLE and len(member.assignment()) == 2,
-                       what="the assignment retried after the interrupt")  # fmt: skip
+        app.poll_until(
+            lambda: member.state is MemberState.STABLE and len(member.assignment()) == 2,
+            what="the assignment retried after the interrupt",
+        )
         assert len(calls) >= 2 and app.errors == []
     finally:
         assert timed_close(member) < 5.5

@@ -53,8 +53,10 @@ def test_coordinator_moved_is_rediscovered_without_losing_partitions(
     try:
         lookups = len(kafka.requests(FIND_COORDINATOR))
         kafka.set_group_coordinator("bf-move", 3)
-        app.poll_until(lambda: len(hb_timestamps_ms(kafka, broker=3)) >= 3,
-                       what="heartbeats on the new coordinator")  # fmt: skip
+        app.poll_until(
+            lambda: len(hb_timestamps_ms(kafka, broker=3)) >= 3,
+            what="heartbeats on the new coordinator",
+        )
         assert len(kafka.requests(FIND_COORDINATOR)) > lookups
         assert cb.kinds() == ["assign"], "no callback: the group state moved with the coordinator"
         assert app.errors == [] and app.member.state is MemberState.STABLE
@@ -106,9 +108,13 @@ def test_rtt_spike_above_the_heartbeat_interval_keeps_the_membership(
         kafka.set_rtt(2, 0)
         slow = [c for c in spy.snapshot() if c.failure is not None or c.done - c.sent > 0.3]
         assert slow, "the spike slowed or timed out heartbeats"
-        app.poll_until(lambda: spy.answered_after(len(spy.snapshot()) - 1) == 0 and any(
-            c.error_code == 0 and c.sent > time.monotonic() - 1 for c in spy.snapshot()),
-            what="heartbeats answered promptly again")  # fmt: skip
+        app.poll_until(
+            lambda: (
+                spy.answered_after(len(spy.snapshot()) - 1) == 0
+                and any(c.error_code == 0 and c.sent > time.monotonic() - 1 for c in spy.snapshot())
+            ),
+            what="heartbeats answered promptly again",
+        )
         assert app.member.state is MemberState.STABLE and len(app.member.assignment()) == 2
         assert "lost" not in cb.kinds(), "the session outlived the spike"
         assert [e for e in app.errors if e.args[0].fatal()] == []
@@ -209,8 +215,10 @@ def test_coordinator_back_after_many_failed_reconnects_is_reached_within_a_secon
         app.poll_for(4.0)
         kafka.broker_up(2)
         up = time.monotonic()
-        app.poll_until(lambda: any(c.error_code == 0 and c.sent > up for c in spy.snapshot()),
-                       what="a heartbeat answered after the outage")  # fmt: skip
+        app.poll_until(
+            lambda: any(c.error_code == 0 and c.sent > up for c in spy.snapshot()),
+            what="a heartbeat answered after the outage",
+        )
         back = min(c.sent for c in spy.snapshot() if c.error_code == 0 and c.sent > up) - up
         assert back < 1.5, f"first answered heartbeat {back:.1f}s after the broker came back"
         app.poll_for(1.0)

@@ -19,10 +19,22 @@ CI_DURATION_S = 60
 def test_chaos_ci_run(tmp_path: Path) -> None:
     """~60 s of kills, pauses, restarts, coordinator moves and broker outages."""
     result = subprocess.run(
-        [sys.executable, "-m", "consumer_sdk.chaos", "--duration", str(CI_DURATION_S),
-         "--workdir", str(tmp_path), "--seed", "848"],
-        capture_output=True, text=True, timeout=CI_DURATION_S + 240, check=False,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "consumer_sdk.chaos",
+            "--duration",
+            str(CI_DURATION_S),
+            "--workdir",
+            str(tmp_path),
+            "--seed",
+            "848",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=CI_DURATION_S + 240,
+        check=False,
+    )
     summary = json.loads((tmp_path / "summary.json").read_text())
     report = result.stdout + "\n" + result.stderr[-3000:]
     assert result.returncode == 0, report
@@ -134,16 +146,24 @@ def test_checker_counts_the_mock_re_adopting_a_fenced_member_apart() -> None:
         ev(10.4, "commit", "b/2", offsets={"0": 3}),
         ev(10.5, "revoke", "b/2", parts=[0]),
     ]
-    summary = check(events, [ev(1.5, "stop", "a/1"), ev(9.9, "cont", "a/1")],
-                    samples=[(11.0, {0: 4})])  # fmt: skip
+    summary = check(
+        events, [ev(1.5, "stop", "a/1"), ev(9.9, "cont", "a/1")], samples=[(11.0, {0: 4})]
+    )
     assert summary.violations == {}, summary.examples
     assert summary.overlaps_mock_readoption == 1 and summary.duplicates_mock_readoption == 1
 
 
 def hb(sent: float, inc: str, tp: list[int] | None, req_ep: int = 5, **outcome: Any) -> Any:
     """A heartbeat from an SDK member's trace (``tp``: the partitions it reported owned)."""
-    return ev(sent + 0.002, "hb", inc, sent=sent, req_ep=req_ep, tp=tp,
-              **(outcome or {"err": 0, "resp_ep": req_ep, "assigned": None}))  # fmt: skip
+    return ev(
+        sent + 0.002,
+        "hb",
+        inc,
+        sent=sent,
+        req_ep=req_ep,
+        tp=tp,
+        **(outcome or {"err": 0, "resp_ep": req_ep, "assigned": None}),
+    )
 
 
 def mock_reset_run(**change: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -168,9 +188,16 @@ def mock_reset_run(**change: Any) -> tuple[list[dict[str, Any]], list[dict[str, 
     members = [e for e in members if e not in change.get("drop", [])]
     members += [ev(1.2 + i / 10, "rec", "a/1", p=0, o=i) for i in range(4)]
     members += [ev(1.7, "commit", "a/1", offsets={"0": 4})]
-    driver = [ev(change.get("down", 5.0), "broker_down", "", broker=1,
-                 coordinator=change.get("coordinator", True)),
-              ev(6.4, "broker_up", "", broker=1)]  # fmt: skip
+    driver = [
+        ev(
+            change.get("down", 5.0),
+            "broker_down",
+            "",
+            broker=1,
+            coordinator=change.get("coordinator", True),
+        ),
+        ev(6.4, "broker_up", "", broker=1),
+    ]
     return members, driver
 
 
@@ -241,11 +268,17 @@ def test_checker_counts_an_overlap_with_a_confluent_kafka_owner_the_mock_forgot_
         (ck_owner_run(), []),  # no coordinator fault
         (ck_owner_run(), [ev(6.55, "coordinator", "", broker=2)]),  # only after the grant
         # the taker has no trace (it is not an SDK member)
-        ([{**e, "impl": "ck"} if e["ev"] == "start" else e for e in ck_owner_run()
-          if e["ev"] != "hb"], [ev(5.0, "coordinator", "", broker=2)]),
+        (
+            [
+                {**e, "impl": "ck"} if e["ev"] == "start" else e
+                for e in ck_owner_run()
+                if e["ev"] != "hb"
+            ],
+            [ev(5.0, "coordinator", "", broker=2)],
+        ),
     ],
     ids=["no-fault", "fault-after-grant", "no-trace"],
-)  # fmt: skip
+)
 def test_checker_keeps_other_overlaps_with_a_confluent_kafka_owner(
     members: list[dict[str, Any]], driver: list[dict[str, Any]]
 ) -> None:
@@ -275,10 +308,19 @@ def test_checker_ends_a_confluent_kafka_members_ownership_after_a_coordinator_ou
         ev(11.3, "commit", "b/2", offsets={"0": 4}),
         ev(12.0, "lost", "a/1", parts=[0]),
     ]
-    driver = [ev(5.0, "broker_down", "", broker=1, coordinator=True),
-              ev(7.4, "broker_up", "", broker=1)]  # fmt: skip
-    summary = analyze(events, driver, {0: 4}, [(13.0, {0: 4})], session_s=6.0,
-                      close_timeout_s=10.0, heartbeat_interval_s=0.5)  # fmt: skip
+    driver = [
+        ev(5.0, "broker_down", "", broker=1, coordinator=True),
+        ev(7.4, "broker_up", "", broker=1),
+    ]
+    summary = analyze(
+        events,
+        driver,
+        {0: 4},
+        [(13.0, {0: 4})],
+        session_s=6.0,
+        close_timeout_s=10.0,
+        heartbeat_interval_s=0.5,
+    )
     assert summary.violations == violations, summary.format()
     assert summary.zombie_windows == (1 if impl == "ck" else 0)
 
@@ -317,8 +359,13 @@ def test_checker_flags_committed_offset_regressions_and_slow_closes() -> None:
 @pytest.mark.parametrize("bad", [{"--members": "0"}, {"--ck-members": "0"}])
 def test_chaos_needs_both_kinds_of_member(bad: dict[str, str]) -> None:
     args = [a for kv in bad.items() for a in kv]
-    result = subprocess.run([sys.executable, "-m", "consumer_sdk.chaos", *args],
-                            capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "-m", "consumer_sdk.chaos", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert result.returncode == 2
     assert "--members and --ck-members must be at least 1" in result.stderr
 
@@ -357,8 +404,10 @@ def test_checker_takes_the_coordinator_from_the_drivers_watch() -> None:
         ev(8.2, "commit", "b/2", offsets={"0": 4}),
         ev(9.0, "lost", "a/1", parts=[0]),
     ]
-    fault = [ev(1.6, "node_pause", "", node=3, coordinator=False),
-             ev(8.5, "node_resume", "", node=3)]  # fmt: skip
+    fault = [
+        ev(1.6, "node_pause", "", node=3, coordinator=False),
+        ev(8.5, "node_resume", "", node=3),
+    ]
 
     def seen(*at: tuple[float, int]) -> list[dict[str, Any]]:
         return [ev(t, "coordinator_seen", "", node=n) for t, n in at]
@@ -409,8 +458,11 @@ def test_checker_takes_the_earlier_of_a_members_pause_and_its_coordinators_hang(
         ev(7.4, "commit", "b/2", offsets={"0": 4}),
         ev(12.0, "lost", "a/1", parts=[0]),
     ]
-    driver = [ev(1.0, "node_pause", "", node=2, coordinator=True), ev(3.0, "stop", "a/1"),
-              ev(11.9, "cont", "a/1")]  # fmt: skip
+    driver = [
+        ev(1.0, "node_pause", "", node=2, coordinator=True),
+        ev(3.0, "stop", "a/1"),
+        ev(11.9, "cont", "a/1"),
+    ]
     summary = check(events, driver)
     assert summary.violations == {}, summary.examples
     assert summary.zombie_windows == 1
@@ -436,8 +488,11 @@ def test_checker_ends_ownership_of_a_member_fenced_while_running_at_its_last_hea
     4.0: the broker restarts the session when it reads a heartbeat, not when it answers), so
     the broker can have expired a from 7.2 on: b from 7.5 is a zombie window, b at 7.0 an
     overlap. Without a heartbeat trace, a's reported ``lost`` stays its end: an overlap."""
-    trace = [ev(0.9, "hb", "a/1", err=0, sent=0.8), ev(4.0, "hb", "a/1", err=0, sent=1.2),
-             ev(4.5, "hb", "a/1", fail="KafkaTransportError: timed out", sent=4.1)]  # fmt: skip
+    trace = [
+        ev(0.9, "hb", "a/1", err=0, sent=0.8),
+        ev(4.0, "hb", "a/1", err=0, sent=1.2),
+        ev(4.5, "hb", "a/1", fail="KafkaTransportError: timed out", sent=4.1),
+    ]
     summary = check(fenced_while_running(7.5, trace))
     assert summary.violations == {}, summary.examples
     assert summary.zombie_windows == 1 and abs(summary.zombie_max_s - 1.5) < 1e-6
@@ -449,8 +504,10 @@ def test_checker_ends_ownership_of_a_member_fenced_while_running_at_its_last_hea
 HEAD = "%7|{t}|HEARTBEAT|{inc}#consumer-1| [thrd:main]: "
 SENT = HEAD + 'GroupCoordinator/3: ConsumerGroupHeartbeat of member id "m1", group id "g"\n'
 ANSWER = HEAD + 'ConsumerGroupHeartbeat response received for member id "m1" with epoch {ep}\n'
-FENCED = (HEAD + "ConsumerGroupHeartbeat failed due to: Broker: The member epoch is fenced by "
-          "the group coordinator: will rejoin the group\n")  # fmt: skip
+FENCED = (
+    HEAD + "ConsumerGroupHeartbeat failed due to: Broker: The member epoch is fenced by "
+    "the group coordinator: will rejoin the group\n"
+)
 
 
 def test_checker_reads_librdkafkas_heartbeat_trace() -> None:
@@ -469,15 +526,22 @@ def test_checker_reads_librdkafkas_heartbeat_trace() -> None:
     ]
     trace = librdkafka_heartbeats(lines)
     assert [(e["ev"], e["inc"], e["t"], e["sent"], e.get("err")) for e in trace] == [
-        ("hb_sent", "ck1/7", 100.1, 100.1, None), ("hb", "ck1/7", 100.25, 100.1, 0),
-        ("hb", "ck1/8", 100.4, None, 0), ("hb_sent", "ck1/7", 100.6, 100.6, None),
-        ("hb_sent", "ck1/7", 101.7, 101.7, None), ("hb", "ck1/7", 101.75, 101.7, 110),
-    ]  # fmt: skip
+        ("hb_sent", "ck1/7", 100.1, 100.1, None),
+        ("hb", "ck1/7", 100.25, 100.1, 0),
+        ("hb", "ck1/8", 100.4, None, 0),
+        ("hb_sent", "ck1/7", 100.6, 100.6, None),
+        ("hb_sent", "ck1/7", 101.7, 101.7, None),
+        ("hb", "ck1/7", 101.75, 101.7, 110),
+    ]
     # with a trace, a confluent-kafka member fenced while running ends at its last heartbeat
     ck = librdkafka_heartbeats(
-        [SENT.format(t="0.8", inc="a/1"), ANSWER.format(t="0.9", inc="a/1", ep=1),
-         SENT.format(t="1.2", inc="a/1"), ANSWER.format(t="4.0", inc="a/1", ep=1)]
-    )  # fmt: skip
+        [
+            SENT.format(t="0.8", inc="a/1"),
+            ANSWER.format(t="0.9", inc="a/1", ep=1),
+            SENT.format(t="1.2", inc="a/1"),
+            ANSWER.format(t="4.0", inc="a/1", ep=1),
+        ]
+    )
     assert check(fenced_while_running(7.5, ck)).violations == {}
     assert check(fenced_while_running(7.0, ck)).violations == {"overlaps": 1}
 
@@ -489,9 +553,13 @@ def test_checker_ends_ownership_of_a_member_fenced_by_a_heartbeat_at_that_heartb
     1.2). b from 3.0 is a zombie window; b at 1.65 an overlap (a's heartbeat sent at 1.2 was
     answered without error, and a committed at 1.5). Without the fencing answer, the session
     bound (7.2) stays."""
-    lines = [SENT.format(t="1.2", inc="a/1"), ANSWER.format(t="1.25", inc="a/1", ep=1),
-             SENT.format(t="1.7", inc="a/1"), SENT.format(t="2.9", inc="a/1"),
-             FENCED.format(t="2.95", inc="a/1")]  # fmt: skip
+    lines = [
+        SENT.format(t="1.2", inc="a/1"),
+        ANSWER.format(t="1.25", inc="a/1", ep=1),
+        SENT.format(t="1.7", inc="a/1"),
+        SENT.format(t="2.9", inc="a/1"),
+        FENCED.format(t="2.95", inc="a/1"),
+    ]
     trace = librdkafka_heartbeats(lines)
     summary = check(fenced_while_running(3.0, trace))
     assert summary.violations == {}, summary.examples
@@ -506,8 +574,10 @@ def test_checker_reads_when_a_stopped_or_killed_member_last_heartbeated_from_its
     expired a one session after the last heartbeat it read: from 7.2 on at the earliest, not
     one session after the stop. b from 7.3 is a zombie window, b at 7.0 an overlap; without a
     trace the stop bounds it (5.0 + 6 s - 0.5 s) and b at 7.3 is an overlap."""
-    trace = [ev(1.25, "hb", "a/1", err=0, sent=1.2),
-             ev(5.5, "hb", "a/1", fail="KafkaTimeoutError: timed out", sent=1.7)]  # fmt: skip
+    trace = [
+        ev(1.25, "hb", "a/1", err=0, sent=1.2),
+        ev(5.5, "hb", "a/1", fail="KafkaTimeoutError: timed out", sent=1.7),
+    ]
 
     def run(b_at: float, trace: list[dict[str, Any]], end: str) -> Any:
         events = [e for e in fenced_while_running(b_at, trace) if e["ev"] != "lost"]

@@ -56,11 +56,30 @@ class Member:
         self.log_path = workdir / f"{name}.jsonl"
         self.stderr = (workdir / f"{name}.stderr").open("wb")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "consumer_sdk.chaos", "member", "--impl", impl,
-             "--name", name, "--bootstrap", kafka.bootstrap_servers, "--group", group,
-             "--topic", TOPIC, "--log", str(self.log_path), "--close-timeout", "5"],
-            stdout=subprocess.DEVNULL, stderr=self.stderr, start_new_session=True,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "consumer_sdk.chaos",
+                "member",
+                "--impl",
+                impl,
+                "--name",
+                name,
+                "--bootstrap",
+                kafka.bootstrap_servers,
+                "--group",
+                group,
+                "--topic",
+                TOPIC,
+                "--log",
+                str(self.log_path),
+                "--close-timeout",
+                "5",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=self.stderr,
+            start_new_session=True,
+        )
 
     def events(self, kind: str | None = None) -> list[dict[str, Any]]:
         if not self.log_path.exists():
@@ -106,11 +125,19 @@ def run_scenario(kafka: EmbeddedKafka, tmp_path: Path, group: str, outage: bool)
     try:
         wait_until(lambda: a.owned() == {0, 1}, 60, 0.05, "a owns both partitions")
         b = Member(kafka, "ck", "b", group, tmp_path)
-        wait_until(lambda: a.owned() == {0} and b.owned() == {1}, 60, 0.05,
-                   "a owns partition 0 and b partition 1")  # fmt: skip
+        wait_until(
+            lambda: a.owned() == {0} and b.owned() == {1},
+            60,
+            0.05,
+            "a owns partition 0 and b partition 1",
+        )
         # a's acknowledgement of [0] has gone out and been answered
-        wait_until(lambda: any(e["tp"] == [0] and e.get("err") == 0 for e in a.events("hb")),
-                   30, 0.05, "a reported [0]")  # fmt: skip
+        wait_until(
+            lambda: any(e["tp"] == [0] and e.get("err") == 0 for e in a.events("hb")),
+            30,
+            0.05,
+            "a reported [0]",
+        )
         a_id, b_id = a.member_id(), b.member_id()
         time.sleep(2 * INTERVAL_MS / 1000)
         if outage:
@@ -129,8 +156,12 @@ def run_scenario(kafka: EmbeddedKafka, tmp_path: Path, group: str, outage: bool)
                 b_took = time.time()
             time.sleep(0.05)
         a.signal(signal.SIGCONT)
-        wait_until(lambda: b.owned() == {0, 1} and not a.owned(), 60, 0.05,
-                   "b owns both partitions, a none")  # fmt: skip
+        wait_until(
+            lambda: b.owned() == {0, 1} and not a.owned(),
+            60,
+            0.05,
+            "b owns both partitions, a none",
+        )
         time.sleep(2 * INTERVAL_MS / 1000)
     finally:
         a.close()
@@ -140,20 +171,26 @@ def run_scenario(kafka: EmbeddedKafka, tmp_path: Path, group: str, outage: bool)
     members = a.events() + b.events()
     driver = [{"t": stopped, "ev": "stop", "inc": a.events("start")[0]["inc"]}]
     if outage:
-        driver.insert(0, {"t": stopped, "ev": "broker_down", "broker": COORDINATOR,
-                          "coordinator": True})  # fmt: skip
-    summary = analyze(members, driver, {}, [], session_s=SESSION_MS / 1000,
-                      close_timeout_s=5.0)  # fmt: skip
-    return {"stopped": stopped, "b_took": b_took, "a": a.events(), "b": b.events(),
-            "summary": summary}  # fmt: skip
+        driver.insert(
+            0, {"t": stopped, "ev": "broker_down", "broker": COORDINATOR, "coordinator": True}
+        )
+    summary = analyze(members, driver, {}, [], session_s=SESSION_MS / 1000, close_timeout_s=5.0)
+    return {
+        "stopped": stopped,
+        "b_took": b_took,
+        "a": a.events(),
+        "b": b.events(),
+        "summary": summary,
+    }
 
 
 def _reports(events: list[dict[str, Any]], start: float, end: float) -> list[dict[str, Any]]:
     return [e for e in events if e["ev"] == "hb" and start <= e["sent"] <= end]
 
 
-def test_without_an_outage_the_mock_waits_for_the_owner(kafka: EmbeddedKafka,
-                                                        tmp_path: Path) -> None:  # fmt: skip
+def test_without_an_outage_the_mock_waits_for_the_owner(
+    kafka: EmbeddedKafka, tmp_path: Path
+) -> None:
     r = run_scenario(kafka, tmp_path, GROUP + "-control", outage=False)
     assert r["b_took"] is None, "the mock moved partition 0 while its owner was stopped"
     revoke = next(e for e in r["a"] if e["ev"] == "revoke" and 0 in e["parts"])
@@ -184,5 +221,7 @@ def test_after_an_outage_the_mock_hands_over_a_partition_still_reported_owned(
     s = r["summary"]
     assert s.overlaps == 0 and s.overlaps_mock_reset == 1, s.format()
     assert "still reported" in s.examples["mock-reset overlaps"][0]
-    print(f"b took partition 0 {b_took - stopped:.2f}s after a was stopped; "
-          + s.examples["mock-reset overlaps"][0])
+    print(
+        f"b took partition 0 {b_took - stopped:.2f}s after a was stopped; "
+        + s.examples["mock-reset overlaps"][0]
+    )

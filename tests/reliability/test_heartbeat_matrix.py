@@ -224,9 +224,10 @@ def check_rediscover(case: Case, index: int, outcome: str) -> None:
     assert gap < FIRST_BACKOFF_MS[1], f"retry after {gap:.0f} ms"
     retry_at = error_at + gap
     lookups = [
-        r for r in case.kafka.requests(FIND_COORDINATOR)
+        r
+        for r in case.kafka.requests(FIND_COORDINATOR)
         if error_at < r.timestamp_us / 1000 <= retry_at
-    ]  # fmt: skip
+    ]
     assert lookups, "the coordinator was not looked up again before the retry"
     _becomes_stable(case)
     assert "lost" not in case.cb.kinds() and case.app.errors == []

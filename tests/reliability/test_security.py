@@ -48,9 +48,11 @@ def kafka() -> Iterator[EmbeddedKafka]:
 
 def proxy(kafka: EmbeddedKafka, certs: Certificates, sasl: bool = False) -> TlsProxy:
     return TlsProxy(
-        kafka.broker_address(1), certs=certs, sasl_users={USER: PASSWORD} if sasl else None,
+        kafka.broker_address(1),
+        certs=certs,
+        sasl_users={USER: PASSWORD} if sasl else None,
         advertised_host="localhost",
-    )  # fmt: skip
+    )
 
 
 def tls(ca: Path, **extra: Any) -> dict[str, Any]:
@@ -99,9 +101,12 @@ def test_tls_consumer_end_to_end(kafka: EmbeddedKafka, certs: dict[str, Certific
     ],
 )
 def test_tls_verification_failures_are_raised_from_poll(
-    kafka: EmbeddedKafka, certs: dict[str, Certificates], which: str, extra: dict[str, Any],
+    kafka: EmbeddedKafka,
+    certs: dict[str, Certificates],
+    which: str,
+    extra: dict[str, Any],
     message: str,
-) -> None:  # fmt: skip
+) -> None:
     # wrong CA: the good certificate, trusting another CA; wrong hostname: a certificate for
     # broker.example.com (trusted) served to a client that connects to localhost
     served = certs["wrong-host"] if which == "wrong-host" else certs["good"]
@@ -178,13 +183,20 @@ def test_sasl_data_plane_goes_through_the_proxy_too(
 
 @pytest.mark.parametrize("mechanism", ["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"])
 def test_wrong_password_is_rejected_with_a_clear_error(
-    kafka: EmbeddedKafka, certs: dict[str, Certificates], mechanism: str,
+    kafka: EmbeddedKafka,
+    certs: dict[str, Certificates],
+    mechanism: str,
     caplog: pytest.LogCaptureFixture,
-) -> None:  # fmt: skip
+) -> None:
     caplog.set_level(logging.DEBUG)
     with proxy(kafka, certs["good"], sasl=True) as px:
-        member = GroupMember(config(f"localhost:{px.port}", f"sec-bad-{mechanism}",
-                                    **sasl(certs["good"].ca, mechanism, WRONG)))  # fmt: skip
+        member = GroupMember(
+            config(
+                f"localhost:{px.port}",
+                f"sec-bad-{mechanism}",
+                **sasl(certs["good"].ca, mechanism, WRONG),
+            )
+        )
         app = App(member)
         try:
             member.subscribe(["sec"])
@@ -201,9 +213,11 @@ def test_wrong_password_is_rejected_with_a_clear_error(
 
 
 def test_credentials_never_appear_in_repr_logs_metrics_or_exceptions(
-    kafka: EmbeddedKafka, certs: dict[str, Certificates], caplog: pytest.LogCaptureFixture,
+    kafka: EmbeddedKafka,
+    certs: dict[str, Certificates],
+    caplog: pytest.LogCaptureFixture,
     capfd: pytest.CaptureFixture[str],
-) -> None:  # fmt: skip
+) -> None:
     caplog.set_level(logging.DEBUG)  # every logger, every level
     seen: list[str] = []
     with proxy(kafka, certs["good"], sasl=True) as px:
@@ -218,9 +232,15 @@ def test_credentials_never_appear_in_repr_logs_metrics_or_exceptions(
                     joined(app)
                 else:
                     app.poll_until(lambda a=app: a.errors, timeout=20, what="the auth failure")
-                seen += [repr(consumer), str(consumer), repr(consumer._config),
-                         repr(consumer._config.connection), repr(consumer._net),
-                         repr(consumer.metrics()), repr(consumer.assignment())]  # fmt: skip
+                seen += [
+                    repr(consumer),
+                    str(consumer),
+                    repr(consumer._config),
+                    repr(consumer._config.connection),
+                    repr(consumer._net),
+                    repr(consumer.metrics()),
+                    repr(consumer.assignment()),
+                ]
                 seen += [str(e) + repr(e) + e.args[0].str() for e in app.errors]
             finally:
                 assert timed_close(consumer) < 5.5
@@ -238,8 +258,13 @@ def test_set_sasl_credentials_applies_to_the_next_authentication(
     """Started with a wrong password, the consumer fails to authenticate; after
     set_sasl_credentials() both its group connections and its fetcher's get in."""
     with proxy(kafka, certs["good"], sasl=True) as px:
-        consumer = Consumer(config(f"localhost:{px.port}", "sec-set-creds",
-                                   **sasl(certs["good"].ca, "SCRAM-SHA-256", WRONG)))  # fmt: skip
+        consumer = Consumer(
+            config(
+                f"localhost:{px.port}",
+                "sec-set-creds",
+                **sasl(certs["good"].ca, "SCRAM-SHA-256", WRONG),
+            )
+        )
         app = App(consumer)
         try:
             consumer.subscribe(["sec"])
@@ -278,8 +303,13 @@ def test_group_member_set_sasl_credentials(
     kafka: EmbeddedKafka, certs: dict[str, Certificates]
 ) -> None:
     with proxy(kafka, certs["good"], sasl=True) as px:
-        member = GroupMember(config(f"localhost:{px.port}", "sec-setcreds",
-                                    **sasl(certs["good"].ca, "SCRAM-SHA-256", WRONG)))  # fmt: skip
+        member = GroupMember(
+            config(
+                f"localhost:{px.port}",
+                "sec-setcreds",
+                **sasl(certs["good"].ca, "SCRAM-SHA-256", WRONG),
+            )
+        )
         app = App(member)
         try:
             member.subscribe(["sec"])
@@ -313,22 +343,34 @@ def test_logger_receives_the_sdk_and_fetcher_records(
     app_logger.addHandler(Keep())
     with proxy(kafka, certs["good"], sasl=True) as px:
         settings = sasl(certs["good"].ca, "PLAIN", WRONG)
-        consumer = Consumer(config(f"localhost:{px.port}", "sec-logger", logger=app_logger,
-                                   **settings))  # fmt: skip
+        consumer = Consumer(
+            config(f"localhost:{px.port}", "sec-logger", logger=app_logger, **settings)
+        )
         app = App(consumer)
         try:
             consumer.subscribe(["sec"])
             app.poll_until(lambda: app.errors, timeout=20, what="the auth failure")
-            app.poll_until(lambda: any(r.name.startswith("consumer_sdk") and "SASL PLAIN" in
-                                       r.getMessage() for r in records),
-                           timeout=20, what="the SDK's record in the application logger")
+            app.poll_until(
+                lambda: any(
+                    r.name.startswith("consumer_sdk") and "SASL PLAIN" in r.getMessage()
+                    for r in records
+                ),
+                timeout=20,
+                what="the SDK's record in the application logger",
+            )
             # librdkafka's lines reach the logger when the fetcher is polled
-            app.poll_until(lambda: any(not r.name.startswith("consumer_sdk") for r in records),
-                           timeout=30, what="a librdkafka record from the fetcher")
+            app.poll_until(
+                lambda: any(not r.name.startswith("consumer_sdk") for r in records),
+                timeout=30,
+                what="a librdkafka record from the fetcher",
+            )
         finally:
             assert timed_close(consumer) < 5.5
-    routed = [r for r in caplog.records if "SASL PLAIN authentication" in r.getMessage()
-              and r.name.startswith("consumer_sdk")]  # fmt: skip
+    routed = [
+        r
+        for r in caplog.records
+        if "SASL PLAIN authentication" in r.getMessage() and r.name.startswith("consumer_sdk")
+    ]
     assert routed == [], "records of the consumer's thread went to consumer_sdk.* too"
 
 

@@ -85,12 +85,49 @@ def _client_certificate(d: Path, certs: Certificates) -> tuple[Path, Path, Path]
     """A client certificate signed by the test CA (PEM pair and a PKCS#12 keystore)."""
     ca_key = certs.ca.with_suffix(".key")
     key, csr, cert, p12 = d / "client.key", d / "client.csr", d / "client.pem", d / "client.p12"
-    _openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-             "-keyout", str(key), "-out", str(csr), "-subj", "/CN=sdk-client")  # fmt: skip
-    _openssl("x509", "-req", "-in", str(csr), "-CA", str(certs.ca), "-CAkey", str(ca_key),
-             "-CAcreateserial", "-out", str(cert), "-days", "2")  # fmt: skip
-    _openssl("pkcs12", "-export", "-in", str(cert), "-inkey", str(key), "-out", str(p12),
-             "-passout", f"pass:{PW}", "-name", "client")  # fmt: skip
+    _openssl(
+        "req",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+        "-keyout",
+        str(key),
+        "-out",
+        str(csr),
+        "-subj",
+        "/CN=sdk-client",
+    )
+    _openssl(
+        "x509",
+        "-req",
+        "-in",
+        str(csr),
+        "-CA",
+        str(certs.ca),
+        "-CAkey",
+        str(ca_key),
+        "-CAcreateserial",
+        "-out",
+        str(cert),
+        "-days",
+        "2",
+    )
+    _openssl(
+        "pkcs12",
+        "-export",
+        "-in",
+        str(cert),
+        "-inkey",
+        str(key),
+        "-out",
+        str(p12),
+        "-passout",
+        f"pass:{PW}",
+        "-name",
+        "client",
+    )
     return cert, key, p12
 
 
@@ -103,8 +140,20 @@ def secure(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secured]:
     d = tmp_path_factory.mktemp("real-security")
     certs = make_certificates(d, ("localhost",), name="broker")
     server_p12 = d / "broker.p12"
-    _openssl("pkcs12", "-export", "-in", str(certs.cert), "-inkey", str(certs.key),
-             "-out", str(server_p12), "-passout", f"pass:{PW}", "-name", "broker")  # fmt: skip
+    _openssl(
+        "pkcs12",
+        "-export",
+        "-in",
+        str(certs.cert),
+        "-inkey",
+        str(certs.key),
+        "-out",
+        str(server_p12),
+        "-passout",
+        f"pass:{PW}",
+        "-name",
+        "broker",
+    )
     client_cert, client_key, client_p12 = _client_certificate(d, certs)
     module = "org.apache.kafka.common.security"
     props = {
@@ -117,8 +166,7 @@ def secure(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secured]:
         "listener.name.mtls.ssl.truststore.location": certs.ca,
         "listener.name.secure.sasl.enabled.mechanisms": "PLAIN,SCRAM-SHA-512,OAUTHBEARER",
         "listener.name.secure.plain.sasl.jaas.config": (
-            f"{module}.plain.PlainLoginModule required "
-            f'user_{PLAIN_USER}="{PLAIN_PASSWORD}";'
+            f'{module}.plain.PlainLoginModule required user_{PLAIN_USER}="{PLAIN_PASSWORD}";'
         ),
         "listener.name.secure.scram-sha-512.sasl.jaas.config": (
             f"{module}.scram.ScramLoginModule required;"
@@ -197,8 +245,12 @@ def pair_in_one_group(secure: Secured, listener: str, settings: dict[str, Any]) 
     group on ``listener``, split the partitions, and read every record exactly once."""
     topic = _topic(secure)
     group = f"g-{topic}"
-    base = {"bootstrap.servers": secure.bootstrap(listener), "group.id": group,
-            "auto.offset.reset": "earliest", **settings}  # fmt: skip
+    base = {
+        "bootstrap.servers": secure.bootstrap(listener),
+        "group.id": group,
+        "auto.offset.reset": "earliest",
+        **settings,
+    }
     sdk = Consumer(dict(base))
     ck = CkConsumer({**base, "group.protocol": "consumer"})
     sdk_records: dict[bytes, int] = {}
@@ -260,16 +312,23 @@ def first_error(consumer: Consumer, timeout: float = 30.0) -> tuple[KafkaError, 
 
 
 def test_tls_with_hostname_verification(secure: Secured) -> None:
-    pair_in_one_group(secure, "TLS", {"security.protocol": "SSL",
-                                      "ssl.ca.location": str(secure.certs.ca)})  # fmt: skip
+    pair_in_one_group(
+        secure, "TLS", {"security.protocol": "SSL", "ssl.ca.location": str(secure.certs.ca)}
+    )
 
 
 def test_tls_wrong_hostname_is_refused_with_a_clear_error(secure: Secured) -> None:
     """The broker's certificate names localhost; connecting to 127.0.0.1 must fail hostname
     verification (on by default, ssl.endpoint.identification.algorithm=https)."""
     port = secure.bootstrap("TLS").rsplit(":", 1)[1]
-    consumer = Consumer({"bootstrap.servers": f"127.0.0.1:{port}", "group.id": "g-wrong-host",
-                         "security.protocol": "SSL", "ssl.ca.location": str(secure.certs.ca)})
+    consumer = Consumer(
+        {
+            "bootstrap.servers": f"127.0.0.1:{port}",
+            "group.id": "g-wrong-host",
+            "security.protocol": "SSL",
+            "ssl.ca.location": str(secure.certs.ca),
+        }
+    )
     try:
         consumer.subscribe(["any"])
         error, elapsed = first_error(consumer)
@@ -282,26 +341,40 @@ def test_tls_wrong_hostname_is_refused_with_a_clear_error(secure: Secured) -> No
 
 
 def test_mutual_tls_with_pem_strings(secure: Secured) -> None:
-    pair_in_one_group(secure, "MTLS", {
-        "security.protocol": "SSL",
-        "ssl.ca.pem": secure.certs.ca.read_text(),
-        "ssl.certificate.pem": secure.client_cert.read_text(),
-        "ssl.key.pem": secure.client_key.read_text(),
-    })  # fmt: skip
+    pair_in_one_group(
+        secure,
+        "MTLS",
+        {
+            "security.protocol": "SSL",
+            "ssl.ca.pem": secure.certs.ca.read_text(),
+            "ssl.certificate.pem": secure.client_cert.read_text(),
+            "ssl.key.pem": secure.client_key.read_text(),
+        },
+    )
 
 
 def test_mutual_tls_with_a_pkcs12_keystore(secure: Secured) -> None:
-    pair_in_one_group(secure, "MTLS", {
-        "security.protocol": "SSL",
-        "ssl.ca.location": str(secure.certs.ca),
-        "ssl.keystore.location": str(secure.client_p12),
-        "ssl.keystore.password": PW,
-    })  # fmt: skip
+    pair_in_one_group(
+        secure,
+        "MTLS",
+        {
+            "security.protocol": "SSL",
+            "ssl.ca.location": str(secure.certs.ca),
+            "ssl.keystore.location": str(secure.client_p12),
+            "ssl.keystore.password": PW,
+        },
+    )
 
 
 def test_mutual_tls_without_a_client_certificate_fails(secure: Secured) -> None:
-    consumer = Consumer({"bootstrap.servers": secure.bootstrap("MTLS"), "group.id": "g-no-cert",
-                         "security.protocol": "SSL", "ssl.ca.location": str(secure.certs.ca)})
+    consumer = Consumer(
+        {
+            "bootstrap.servers": secure.bootstrap("MTLS"),
+            "group.id": "g-no-cert",
+            "security.protocol": "SSL",
+            "ssl.ca.location": str(secure.certs.ca),
+        }
+    )
     try:
         consumer.subscribe(["any"])
         error, _ = first_error(consumer)
@@ -315,18 +388,32 @@ def test_mutual_tls_without_a_client_certificate_fails(secure: Secured) -> None:
 
 
 def _sasl(secure: Secured, mechanism: str, **extra: Any) -> dict[str, Any]:
-    return {"security.protocol": "SASL_SSL", "ssl.ca.location": str(secure.certs.ca),
-            "sasl.mechanism": mechanism, **extra}  # fmt: skip
+    return {
+        "security.protocol": "SASL_SSL",
+        "ssl.ca.location": str(secure.certs.ca),
+        "sasl.mechanism": mechanism,
+        **extra,
+    }
 
 
 def test_sasl_plain(secure: Secured) -> None:
-    pair_in_one_group(secure, "SECURE", _sasl(secure, "PLAIN", **{
-        "sasl.username": PLAIN_USER, "sasl.password": PLAIN_PASSWORD}))  # fmt: skip
+    pair_in_one_group(
+        secure,
+        "SECURE",
+        _sasl(secure, "PLAIN", **{"sasl.username": PLAIN_USER, "sasl.password": PLAIN_PASSWORD}),
+    )
 
 
 def test_sasl_scram_sha_512(secure: Secured) -> None:
-    pair_in_one_group(secure, "SECURE", _sasl(secure, "SCRAM-SHA-512", **{
-        "sasl.username": SCRAM_USER, "sasl.password": SCRAM_PASSWORD}))  # fmt: skip
+    pair_in_one_group(
+        secure,
+        "SECURE",
+        _sasl(
+            secure,
+            "SCRAM-SHA-512",
+            **{"sasl.username": SCRAM_USER, "sasl.password": SCRAM_PASSWORD},
+        ),
+    )
 
 
 @pytest.mark.parametrize(
@@ -335,10 +422,13 @@ def test_sasl_scram_sha_512(secure: Secured) -> None:
 def test_wrong_password_is_a_clear_error_from_poll(
     secure: Secured, mechanism: str, user: str
 ) -> None:
-    consumer = Consumer({
-        "bootstrap.servers": secure.bootstrap("SECURE"), "group.id": f"g-bad-{mechanism}",
-        **_sasl(secure, mechanism, **{"sasl.username": user, "sasl.password": WRONG}),
-    })  # fmt: skip
+    consumer = Consumer(
+        {
+            "bootstrap.servers": secure.bootstrap("SECURE"),
+            "group.id": f"g-bad-{mechanism}",
+            **_sasl(secure, mechanism, **{"sasl.username": user, "sasl.password": WRONG}),
+        }
+    )
     try:
         consumer.subscribe(["any"])
         error, elapsed = first_error(consumer)
@@ -352,11 +442,15 @@ def test_wrong_password_is_a_clear_error_from_poll(
 
 def test_set_sasl_credentials_recovers_both_connections(secure: Secured) -> None:
     topic = _topic(secure)
-    consumer = Consumer({
-        "bootstrap.servers": secure.bootstrap("SECURE"), "group.id": f"g-{topic}",
-        "auto.offset.reset": "earliest", "reconnect.backoff.max.ms": 1000,
-        **_sasl(secure, "PLAIN", **{"sasl.username": PLAIN_USER, "sasl.password": WRONG}),
-    })  # fmt: skip
+    consumer = Consumer(
+        {
+            "bootstrap.servers": secure.bootstrap("SECURE"),
+            "group.id": f"g-{topic}",
+            "auto.offset.reset": "earliest",
+            "reconnect.backoff.max.ms": 1000,
+            **_sasl(secure, "PLAIN", **{"sasl.username": PLAIN_USER, "sasl.password": WRONG}),
+        }
+    )
     try:
         consumer.subscribe([topic])
         error, _ = first_error(consumer)
@@ -365,8 +459,12 @@ def test_set_sasl_credentials_recovers_both_connections(secure: Secured) -> None
         expected = _produce(secure, topic, "after")
         records: dict[bytes, int] = {}
         errors: list[KafkaError] = []
-        wait_until(lambda: (_poll_records(consumer, records, errors), set(records) == expected)[1],
-                   90, 0, "records read with the new credentials")  # fmt: skip
+        wait_until(
+            lambda: (_poll_records(consumer, records, errors), set(records) == expected)[1],
+            90,
+            0,
+            "records read with the new credentials",
+        )
         assert len(consumer.assignment()) == 2
     finally:
         consumer.close()
@@ -385,18 +483,29 @@ def test_oauthbearer_with_oauth_cb_and_reauthentication(secure: Secured) -> None
         token, expiry = unsecured_token("admin", life_s=3600)
         return token, expiry, "admin"
 
-    settings = _sasl(secure, "OAUTHBEARER", oauth_cb=oauth_cb,
-                     **{"sasl.oauthbearer.config": "scope=test"})  # fmt: skip
+    settings = _sasl(
+        secure, "OAUTHBEARER", oauth_cb=oauth_cb, **{"sasl.oauthbearer.config": "scope=test"}
+    )
     pair_in_one_group(secure, "SECURE", settings)
     assert calls and set(calls) == {"scope=test"}
 
     topic = _topic(secure)
-    consumer = Consumer({"bootstrap.servers": secure.bootstrap("SECURE"), "group.id": f"g-{topic}",
-                         "auto.offset.reset": "earliest", **settings})  # fmt: skip
+    consumer = Consumer(
+        {
+            "bootstrap.servers": secure.bootstrap("SECURE"),
+            "group.id": f"g-{topic}",
+            "auto.offset.reset": "earliest",
+            **settings,
+        }
+    )
     try:
         consumer.subscribe([topic])
-        wait_until(lambda: (consumer.poll(0.1), len(consumer.assignment()) == 2)[1],
-                   timeout=60, interval=0, description="joined")  # fmt: skip
+        wait_until(
+            lambda: (consumer.poll(0.1), len(consumer.assignment()) == 2)[1],
+            timeout=60,
+            interval=0,
+            description="joined",
+        )
         epoch = consumer.member_epoch
         deadline = time.monotonic() + REAUTH_MS / 1000 * 1.6
         while time.monotonic() < deadline:
@@ -407,18 +516,30 @@ def test_oauthbearer_with_oauth_cb_and_reauthentication(secure: Secured) -> None
         expected = _produce(secure, topic, "late")
         records: dict[bytes, int] = {}
         errors: list[KafkaError] = []
-        wait_until(lambda: (_poll_records(consumer, records, errors), set(records) == expected)[1],
-                   60, 0, "records after re-authentication")  # fmt: skip
+        wait_until(
+            lambda: (_poll_records(consumer, records, errors), set(records) == expected)[1],
+            60,
+            0,
+            "records after re-authentication",
+        )
         assert errors == []
     finally:
         consumer.close()
 
 
 def test_oauthbearer_unsecured_jwt_default(secure: Secured) -> None:
-    pair_in_one_group(secure, "SECURE", _sasl(secure, "OAUTHBEARER", **{
-        "enable.sasl.oauthbearer.unsecure.jwt": True,
-        "sasl.oauthbearer.config": "principal=admin lifeSeconds=600",
-    }))  # fmt: skip
+    pair_in_one_group(
+        secure,
+        "SECURE",
+        _sasl(
+            secure,
+            "OAUTHBEARER",
+            **{
+                "enable.sasl.oauthbearer.unsecure.jwt": True,
+                "sasl.oauthbearer.config": "principal=admin lifeSeconds=600",
+            },
+        ),
+    )
 
 
 def test_oauthbearer_rejected_token_is_a_clear_error(secure: Secured) -> None:
@@ -431,8 +552,13 @@ def test_oauthbearer_rejected_token_is_a_clear_error(secure: Secured) -> None:
         claims = {"sub": "admin", "iat": now, "exp": now + 600}
         return f"{b64({'alg': 'HS256'})}.{b64(claims)}.c2ln", float(now + 600)
 
-    consumer = Consumer({"bootstrap.servers": secure.bootstrap("SECURE"), "group.id": "g-badtok",
-                         **_sasl(secure, "OAUTHBEARER", oauth_cb=expired_alg)})  # fmt: skip
+    consumer = Consumer(
+        {
+            "bootstrap.servers": secure.bootstrap("SECURE"),
+            "group.id": "g-badtok",
+            **_sasl(secure, "OAUTHBEARER", oauth_cb=expired_alg),
+        }
+    )
     try:
         consumer.subscribe(["any"])
         error, elapsed = first_error(consumer)
@@ -497,13 +623,17 @@ def token_endpoint() -> Iterator[_TokenEndpoint]:
 
 
 def _oidc(secure: Secured, endpoint: _TokenEndpoint, secret: str) -> dict[str, Any]:
-    return _sasl(secure, "OAUTHBEARER", **{
-        "sasl.oauthbearer.method": "oidc",
-        "sasl.oauthbearer.client.id": endpoint.client_id,
-        "sasl.oauthbearer.client.secret": secret,
-        "sasl.oauthbearer.token.endpoint.url": endpoint.url,
-        "sasl.oauthbearer.scope": "kafka",
-    })  # fmt: skip
+    return _sasl(
+        secure,
+        "OAUTHBEARER",
+        **{
+            "sasl.oauthbearer.method": "oidc",
+            "sasl.oauthbearer.client.id": endpoint.client_id,
+            "sasl.oauthbearer.client.secret": secret,
+            "sasl.oauthbearer.token.endpoint.url": endpoint.url,
+            "sasl.oauthbearer.scope": "kafka",
+        },
+    )
 
 
 def test_oauthbearer_oidc_client_credentials(
@@ -521,8 +651,13 @@ def test_oauthbearer_oidc_client_credentials(
 def test_oauthbearer_oidc_bad_client_secret(
     secure: Secured, token_endpoint: _TokenEndpoint
 ) -> None:
-    consumer = Consumer({"bootstrap.servers": secure.bootstrap("SECURE"), "group.id": "g-oidc-bad",
-                         **_oidc(secure, token_endpoint, WRONG)})  # fmt: skip
+    consumer = Consumer(
+        {
+            "bootstrap.servers": secure.bootstrap("SECURE"),
+            "group.id": "g-oidc-bad",
+            **_oidc(secure, token_endpoint, WRONG),
+        }
+    )
     try:
         consumer.subscribe(["any"])
         error, _ = first_error(consumer)
@@ -541,19 +676,32 @@ def test_cli_describe_on_a_secured_listener(
     from consumer_sdk.cli import main
 
     topic = _topic(secure)
-    settings = _sasl(secure, "SCRAM-SHA-512", **{"sasl.username": SCRAM_USER,
-                                                 "sasl.password": SCRAM_PASSWORD})  # fmt: skip
-    consumer = Consumer({"bootstrap.servers": secure.bootstrap("SECURE"), "group.id": f"g-{topic}",
-                         **settings})  # fmt: skip
+    settings = _sasl(
+        secure, "SCRAM-SHA-512", **{"sasl.username": SCRAM_USER, "sasl.password": SCRAM_PASSWORD}
+    )
+    consumer = Consumer(
+        {"bootstrap.servers": secure.bootstrap("SECURE"), "group.id": f"g-{topic}", **settings}
+    )
     try:
         consumer.subscribe([topic])
-        wait_until(lambda: (consumer.poll(0.1), len(consumer.assignment()) == 2)[1], 60, 0,
-                   "joined")  # fmt: skip
+        wait_until(
+            lambda: (consumer.poll(0.1), len(consumer.assignment()) == 2)[1], 60, 0, "joined"
+        )
         props = tmp_path / "client.properties"
-        props.write_text("# secured\n" + "".join(
-            f"{k}={v}\n" for k, v in settings.items() if k != "sasl.password"))  # fmt: skip
-        argv = ["describe", f"g-{topic}", "-b", secure.bootstrap("SECURE"),
-                "--command-config", str(props), "-X", f"sasl.password={SCRAM_PASSWORD}"]
+        props.write_text(
+            "# secured\n"
+            + "".join(f"{k}={v}\n" for k, v in settings.items() if k != "sasl.password")
+        )
+        argv = [
+            "describe",
+            f"g-{topic}",
+            "-b",
+            secure.bootstrap("SECURE"),
+            "--command-config",
+            str(props),
+            "-X",
+            f"sasl.password={SCRAM_PASSWORD}",
+        ]
         assert main(argv) == 0
         out = capsys.readouterr().out
         assert f"group g-{topic}: state" in out and f"{topic}[0,1]" in out
@@ -588,8 +736,12 @@ def test_shared_network_loop_reauthenticates_and_keeps_the_members(secure: Secur
 
     topic = _topic(secure)
     sasl = _sasl(secure, "OAUTHBEARER", oauth_cb=oauth_cb)
-    conf = {"bootstrap.servers": secure.bootstrap("SECURE"), "group.id": f"loop-{topic}",
-            "enable.auto.commit": False, **sasl}  # fmt: skip
+    conf = {
+        "bootstrap.servers": secure.bootstrap("SECURE"),
+        "group.id": f"loop-{topic}",
+        "enable.auto.commit": False,
+        **sasl,
+    }
     first = MemberNetwork(ConsumerConfig.from_mapping(conf))
     second = MemberNetwork(ConsumerConfig.from_mapping(conf))
     nets = [first, second]
@@ -607,8 +759,12 @@ def test_shared_network_loop_reauthenticates_and_keeps_the_members(secure: Secur
     try:
         for net in nets:
             net.submit(Subscribe(topics=(topic,)))
-        wait_until(lambda: (pump(), all(n.state is MemberState.STABLE for n in nets))[1],
-                   timeout=60, interval=0.05, description="both joined")  # fmt: skip
+        wait_until(
+            lambda: (pump(), all(n.state is MemberState.STABLE for n in nets))[1],
+            timeout=60,
+            interval=0.05,
+            description="both joined",
+        )
         epochs = [n.member_epoch for n in nets]
         loop = first._loop
         deadline = time.monotonic() + REAUTH_MS / 1000 * 1.6
@@ -625,7 +781,8 @@ def test_shared_network_loop_reauthenticates_and_keeps_the_members(secure: Secur
     finally:
         for net in nets:
             net.submit(Close())
-        wait_until(lambda: (pump(), len(left) == 2)[1], timeout=30, interval=0.05,
-                   description="both left")  # fmt: skip
+        wait_until(
+            lambda: (pump(), len(left) == 2)[1], timeout=30, interval=0.05, description="both left"
+        )
         for net in nets:
             net.stop()

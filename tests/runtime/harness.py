@@ -143,5 +143,10 @@ def fetcher_over(kafka: Any, topic: str, per_partition: int, partitions: int = 2
     kafka.create_topic(topic, partitions=partitions)
     for p in range(partitions):
         kafka.produce(topic, [f"{p}-{i}".encode() for i in range(per_partition)], partition=p)
-    return Fetcher({"bootstrap.servers": kafka.bootstrap_servers, "group.id": f"{topic}-g",
-                    "auto.offset.reset": "earliest"})  # fmt: skip
+    return Fetcher(
+        {
+            "bootstrap.servers": kafka.bootstrap_servers,
+            "group.id": f"{topic}-g",
+            "auto.offset.reset": "earliest",
+        }
+    )

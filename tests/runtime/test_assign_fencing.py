@@ -60,10 +60,14 @@ class ProbingConsumer(Consumer):
 
 
 def test_partitions_lost_during_on_assign_stay_fenced(kafka: EmbeddedKafka) -> None:
-    consumer = ProbingConsumer({
-        "bootstrap.servers": kafka.bootstrap_servers, "group.id": "fence-in-assign",
-        "auto.offset.reset": "earliest", "enable.auto.commit": False,
-    })  # fmt: skip
+    consumer = ProbingConsumer(
+        {
+            "bootstrap.servers": kafka.bootstrap_servers,
+            "group.id": "fence-in-assign",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
     log: list[tuple[Any, ...]] = []
     fenced = threading.Event()
 

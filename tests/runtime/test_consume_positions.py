@@ -45,8 +45,9 @@ def _contiguous(seen: Seen, start: int = 0) -> None:
 
 
 def _raw_committed(kafka: EmbeddedKafka, group: str, topic: str, n: int) -> dict[int, tuple]:
-    raw = confluent_kafka.Consumer({"bootstrap.servers": kafka.bootstrap_servers,
-                                    "group.id": group})  # fmt: skip
+    raw = confluent_kafka.Consumer(
+        {"bootstrap.servers": kafka.bootstrap_servers, "group.id": group}
+    )
     try:
         tps = raw.committed([TopicPartition(topic, p) for p in range(n)], timeout=20)
         return {tp.partition: (tp.offset, tp.leader_epoch) for tp in tps if tp.offset >= 0}
@@ -67,8 +68,9 @@ def test_consume_batches_then_commit_and_position_match_last_delivered(
         # epoch older than the leader's, so the moves come before the records).
         for move in range(p + 1):
             embedded_kafka.partition_set_leader(topic, p, 1 + (p + move + 1) % 3)
-        embedded_kafka.produce(topic, [f"{p}-{i}".encode() for i in range(120 + 10 * p)],
-                               partition=p)  # fmt: skip
+        embedded_kafka.produce(
+            topic, [f"{p}-{i}".encode() for i in range(120 + 10 * p)], partition=p
+        )
     total = sum(120 + 10 * p for p in range(n))
     consumer = Consumer(config(embedded_kafka, group, enable_auto_commit=False))
     epochs: dict[int, int] = {}
@@ -83,8 +85,7 @@ def test_consume_batches_then_commit_and_position_match_last_delivered(
 
     try:
         consumer.assign([TopicPartition(topic, p) for p in range(n)])
-        for step, (count, want) in enumerate([(37, 150), (1, 151), (500, total // 2),
-                                              (13, total)]):  # fmt: skip
+        for step, (count, want) in enumerate([(37, 150), (1, 151), (500, total // 2), (13, total)]):
             _take(lambda c=count: read(c), seen, want, f"step {step}")
             assert _positions(consumer, topic, n) == _expected(seen)
             consumer.commit(asynchronous=False)
@@ -105,8 +106,11 @@ def test_seek_between_consume_batches_matches_confluent_kafka(
     topic = "cp-seek"
     kafka_backend.create_topic(topic, partitions=1)
     kafka_backend.produce(topic, [f"v{i}".encode() for i in range(200)], partition=0)
-    conf = {"bootstrap.servers": kafka_backend.bootstrap_servers, "enable.auto.commit": False,
-            "auto.offset.reset": "earliest"}  # fmt: skip
+    conf = {
+        "bootstrap.servers": kafka_backend.bootstrap_servers,
+        "enable.auto.commit": False,
+        "auto.offset.reset": "earliest",
+    }
     ours = Consumer({**conf, "group.id": "cp-seek-sdk"})
     theirs = confluent_kafka.Consumer({**conf, "group.id": "cp-seek-raw"})
     tp = TopicPartition(topic, 0)
@@ -152,10 +156,18 @@ def test_poll_and_consume_mixed_keep_exact_positions(
     seen: Seen = {}
     try:
         consumer.assign([TopicPartition(topic, p) for p in range(n)])
-        plan: list[tuple[str, int]] = [("poll", 1), ("consume", 30), ("poll", 5),
-                                       ("consume", 300), ("pause", 0), ("poll", 40),
-                                       ("resume", 0), ("consume", 7), ("poll", 200),
-                                       ("consume", 1000)]  # fmt: skip
+        plan: list[tuple[str, int]] = [
+            ("poll", 1),
+            ("consume", 30),
+            ("poll", 5),
+            ("consume", 300),
+            ("pause", 0),
+            ("poll", 40),
+            ("resume", 0),
+            ("consume", 7),
+            ("poll", 200),
+            ("consume", 1000),
+        ]
         for step, (kind, count) in enumerate(plan):
             if kind == "pause":
                 consumer.pause([TopicPartition(topic, 0)])
@@ -230,8 +242,9 @@ def test_revocation_mid_stream_hands_partitions_over_exactly(
     def produce() -> None:
         while not stop_producing.is_set():
             for p in range(n):
-                kafka_backend.produce(topic, [f"{p}-{produced[p] + i}".encode()
-                                               for i in range(40)], partition=p)  # fmt: skip
+                kafka_backend.produce(
+                    topic, [f"{p}-{produced[p] + i}".encode() for i in range(40)], partition=p
+                )
                 produced[p] += 40
             time.sleep(0.05)
 
@@ -241,16 +254,28 @@ def test_revocation_mid_stream_hands_partitions_over_exactly(
     try:
         producer.start()
         members.append(_ConsumeMember("a", config(kafka_backend, group), topic, timeline))
-        wait_for(lambda: len(members[0].owned) == n and len(members[0].records) > 200,
-                 timeout=60, what="member a consuming every partition")  # fmt: skip
+        wait_for(
+            lambda: len(members[0].owned) == n and len(members[0].records) > 200,
+            timeout=60,
+            what="member a consuming every partition",
+        )
         members.append(_ConsumeMember("b", config(kafka_backend, group), topic, timeline))
-        wait_for(lambda: members[1].owned and members[0].owned and
-                 {p for p, _, _ in members[1].records} == members[1].owned,
-                 timeout=60, what="member b consuming the partitions it took over")  # fmt: skip
+        wait_for(
+            lambda: (
+                members[1].owned
+                and members[0].owned
+                and {p for p, _, _ in members[1].records} == members[1].owned
+            ),
+            timeout=60,
+            what="member b consuming the partitions it took over",
+        )
         stop_producing.set()
         producer.join(30)
-        wait_for(lambda: sum(len(m.records) for m in members) >= sum(produced),
-                 timeout=60, what=f"all {sum(produced)} records consumed")  # fmt: skip
+        wait_for(
+            lambda: sum(len(m.records) for m in members) >= sum(produced),
+            timeout=60,
+            what=f"all {sum(produced)} records consumed",
+        )
         time.sleep(0.5)  # nothing more may arrive (a duplicate would)
         assert [m.errors for m in members] == [[], []]
         by_partition: Seen = {}
@@ -321,8 +346,12 @@ def test_fenced_between_consume_calls_keeps_the_position_for_revocation(
     try:
         fetcher.assign({(topic, 0): None, (topic, 1): None})
         while len(seen.get(0, [])) < 5 or len(seen.get(1, [])) < 5:
-            _take(lambda: fetcher.consume(7, 0.2), seen, sum(map(len, seen.values())) + 1,
-                  "the first records of both partitions")  # fmt: skip
+            _take(
+                lambda: fetcher.consume(7, 0.2),
+                seen,
+                sum(map(len, seen.values())) + 1,
+                "the first records of both partitions",
+            )
         before = _expected(seen)
         epoch = fetcher.leader_epoch((topic, 0))
         fetcher.fence([(topic, 0)])
@@ -370,9 +399,15 @@ def test_auto_commit_commits_consume_positions_while_the_application_waits_in_co
         app = threading.Thread(target=keep_consuming)
         app.start()
         try:
-            wait_for(lambda: _raw_committed(embedded_kafka, group, topic, n)
-                     == {p: (50, 0) for p in range(n)} or None,
-                     timeout=60, what="auto-commit of every partition's position")  # fmt: skip
+            wait_for(
+                lambda: (
+                    _raw_committed(embedded_kafka, group, topic, n)
+                    == {p: (50, 0) for p in range(n)}
+                    or None
+                ),
+                timeout=60,
+                what="auto-commit of every partition's position",
+            )
         finally:
             stop.set()
             app.join(10)

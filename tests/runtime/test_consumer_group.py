@@ -42,12 +42,16 @@ def test_three_members_then_a_fourth_joins_and_one_leaves(
     timeline = Timeline()
     members = [Member(f"m{i}", config(kafka_backend, group), [topic], timeline) for i in range(3)]
     try:
-        wait_for(lambda: disjoint_cover(members, topic, 6) and all(m.owned for m in members),
-                 what="3 members owning disjoint partitions that cover the topic")  # fmt: skip
+        wait_for(
+            lambda: disjoint_cover(members, topic, 6) and all(m.owned for m in members),
+            what="3 members owning disjoint partitions that cover the topic",
+        )
         kafka_backend.produce(topic, [f"b{i}".encode() for i in range(300)])
         members.append(Member("m3", config(kafka_backend, group), [topic], timeline))
-        wait_for(lambda: disjoint_cover(members, topic, 6) and all(m.owned for m in members),
-                 what="4 members sharing the topic")  # fmt: skip
+        wait_for(
+            lambda: disjoint_cover(members, topic, 6) and all(m.owned for m in members),
+            what="4 members sharing the topic",
+        )
         leaver = members[1]
         leaver.stop()
         assert leaver.consumer.state is MemberState.UNSUBSCRIBED
@@ -94,8 +98,10 @@ def test_mixed_group_with_confluent_kafka_consumer(
     driver = threading.Thread(target=drive, daemon=True)
     driver.start()
     try:
-        wait_for(lambda: len(ours.owned) == 2 and len(theirs_owned) == 2,
-                 what="a 2/2 split between the SDK and confluent-kafka")  # fmt: skip
+        wait_for(
+            lambda: len(ours.owned) == 2 and len(theirs_owned) == 2,
+            what="a 2/2 split between the SDK and confluent-kafka",
+        )
         assert not (ours.owned & theirs_owned)
         ours.stop()
         wait_for(lambda: len(theirs_owned) == 4, what="confluent-kafka taking over on leave")
@@ -127,8 +133,10 @@ def test_fencing_loses_partitions_then_rejoins_with_the_same_member_id(
             lost_before, assigns_before = member.lost_count, member.assign_count
             embedded_kafka.push_request_errors(68, [code])
             wait_for(lambda n=lost_before: member.lost_count > n, what=f"on_lost after {code}")
-            wait_for(lambda n=assigns_before: member.assign_count > n and len(member.owned) == 2,
-                     what="rejoin and reassignment")  # fmt: skip
+            wait_for(
+                lambda n=assigns_before: member.assign_count > n and len(member.owned) == 2,
+                what="rejoin and reassignment",
+            )
             assert member.consumer.member_id == member_id
             assert member.consumer.member_epoch > 0
     finally:
@@ -171,18 +179,26 @@ def test_a_coordinator_change_found_by_a_commit_expedites_the_heartbeat(
     kafka.set_group_coordinator(group, 1)
     member = Member("m", config(kafka, group), [topic], Timeline())
     try:
-        wait_for(lambda: len(member.owned) == 2 and member.consumer.state is MemberState.STABLE,
-                 what="initial assignment")  # fmt: skip
+        wait_for(
+            lambda: len(member.owned) == 2 and member.consumer.state is MemberState.STABLE,
+            what="initial assignment",
+        )
         kafka.clear_requests()
-        wait_for(lambda: any(r.broker_id == 1 for r in kafka.requests(68)),
-                 what="a regular heartbeat at the first coordinator", timeout=30)  # fmt: skip
+        wait_for(
+            lambda: any(r.broker_id == 1 for r in kafka.requests(68)),
+            what="a regular heartbeat at the first coordinator",
+            timeout=30,
+        )
         last = max(r.timestamp_us for r in kafka.requests(68) if r.broker_id == 1)
         kafka.set_group_coordinator(group, 2)
         # The mock's OffsetCommit takes any broker: the old coordinator's answer is injected.
         kafka.push_request_errors(8, [16])  # NOT_COORDINATOR
         member.consumer.commit(offsets=[TopicPartition(topic, 0, 0)], asynchronous=False)
-        wait_for(lambda: any(r.broker_id == 2 for r in kafka.requests(68)),
-                 what="a heartbeat at the new coordinator", timeout=30)  # fmt: skip
+        wait_for(
+            lambda: any(r.broker_id == 2 for r in kafka.requests(68)),
+            what="a heartbeat at the new coordinator",
+            timeout=30,
+        )
         moved = min(r.timestamp_us for r in kafka.requests(68) if r.broker_id == 2)
         commits = [r for r in kafka.requests(8) if r.broker_id == 1]
         assert commits, "the commit went to the old coordinator first"
@@ -213,8 +229,10 @@ def test_coordinator_down_shorter_and_longer_than_the_session(
         kafka.broker_up(2)
         if expect_lost:
             wait_for(lambda: member.lost_count == 1, what="on_lost after the session expired")
-        wait_for(lambda: len(member.owned) == 2 and member.consumer.state is MemberState.STABLE,
-                 what="the member stable again")  # fmt: skip
+        wait_for(
+            lambda: len(member.owned) == 2 and member.consumer.state is MemberState.STABLE,
+            what="the member stable again",
+        )
         time.sleep(0.5)
         assert member.lost_count == (1 if expect_lost else 0)
     finally:
@@ -233,8 +251,11 @@ def test_poll_interval_exceeded_goes_stale_then_rejoins(
     try:
         wait_for(lambda: len(member.owned) == 2, what="initial assignment")
         member.pause_polling()
-        wait_for(lambda: member.consumer.state is MemberState.STALE, timeout=10,
-                 what="STALE after max.poll.interval.ms")  # fmt: skip
+        wait_for(
+            lambda: member.consumer.state is MemberState.STALE,
+            timeout=10,
+            what="STALE after max.poll.interval.ms",
+        )
         states.append(member.consumer.state)
         member.resume_polling()
         wait_for(lambda: member.lost_count == 1, what="on_lost when polling resumes")
@@ -258,8 +279,9 @@ def test_static_member_restart_keeps_its_partitions(
         a.stop()  # static: leaves with epoch -2, partitions stay reserved
         time.sleep(1.0)
         assert len(b.owned) == 2, "a static member's partitions must not move on a -2 leave"
-        a2 = Member("a2", config(kafka_backend, group, group_instance_id="inst-a"), [topic],
-                    timeline)  # fmt: skip
+        a2 = Member(
+            "a2", config(kafka_backend, group, group_instance_id="inst-a"), [topic], timeline
+        )
         wait_for(lambda: a2.owned == before, what="the restarted static member's partitions")
         a2.stop(option=CloseOption.LEAVE_GROUP)
         wait_for(lambda: len(b.owned) == 4, what="partitions moving after leaving for good")
@@ -300,8 +322,13 @@ def test_committed_offsets_equal_what_was_processed(
     topic, group = "rt-commit", "rt-commit-g"
     kafka_backend.create_topic(topic, partitions=3)
     kafka_backend.produce(topic, [f"v{i}".encode() for i in range(150)])
-    member = Member("m", config(kafka_backend, group, enable_auto_commit=False), [topic],
-                    Timeline(), on_record=lambda m, msg: m.consumer.commit(msg))  # fmt: skip
+    member = Member(
+        "m",
+        config(kafka_backend, group, enable_auto_commit=False),
+        [topic],
+        Timeline(),
+        on_record=lambda m, msg: m.consumer.commit(msg),
+    )
     wait_for(lambda: len(member.records) == 150, what="150 records")
     member.stop()
     last: dict[int, int] = {}
@@ -381,8 +408,13 @@ def test_metrics_and_stats_cb_group_block(embedded_kafka: EmbeddedKafka) -> None
     topic, group = "rt-metrics", "rt-metrics-g"
     embedded_kafka.create_topic(topic, partitions=2)
     stats: list[dict[str, Any]] = []
-    c = Consumer({**config(embedded_kafka, group), "statistics.interval.ms": 200,
-                  "stats_cb": lambda s: stats.append(json.loads(s))})  # fmt: skip
+    c = Consumer(
+        {
+            **config(embedded_kafka, group),
+            "statistics.interval.ms": 200,
+            "stats_cb": lambda s: stats.append(json.loads(s)),
+        }
+    )
     try:
         c.subscribe([topic])
         wait_for(lambda: c.poll(0.1) is None and c.state is MemberState.STABLE, what="stable")
@@ -399,8 +431,12 @@ def test_metrics_and_stats_cb_group_block(embedded_kafka: EmbeddedKafka) -> None
         metrics = c.metrics()
         assert metrics["heartbeat-total"] >= 1 and metrics["assigned-partitions"] == 2
         assert metrics["rebalance-total"] >= 1
-        for name in ("rebalance-latency-avg", "partition-assigned-latency-max",
-                     "commit-latency-avg", "last-heartbeat-seconds-ago"):  # fmt: skip
+        for name in (
+            "rebalance-latency-avg",
+            "partition-assigned-latency-max",
+            "commit-latency-avg",
+            "last-heartbeat-seconds-ago",
+        ):
             assert name in metrics
     finally:
         c.close()

@@ -81,21 +81,28 @@ def _script(consumer: Any, topic: str) -> list[Any]:
     out.append(("assignment", sorted((p.topic, p.partition) for p in consumer.assignment())))
     got = _drain(consumer, _has({0: 2, 1: 2}), "records from both partitions")
     out.append(("starts", {p: offsets[:2] for p, offsets in got.items()}))
-    out.append(("error.incremental_assign.dup", _code(
-        lambda: consumer.incremental_assign([tp(topic, 0)]))))  # fmt: skip
-    out.append(("error.incremental_unassign.missing", _code(
-        lambda: consumer.incremental_unassign([tp(topic, 2)]))))  # fmt: skip
+    out.append(
+        ("error.incremental_assign.dup", _code(lambda: consumer.incremental_assign([tp(topic, 0)])))
+    )
+    out.append(
+        (
+            "error.incremental_unassign.missing",
+            _code(lambda: consumer.incremental_unassign([tp(topic, 2)])),
+        )
+    )
     out.append(("error.seek.unassigned", _code(lambda: consumer.seek(tp(topic, 2, 1)))))
     out.append(("position.unassigned", [p.offset for p in consumer.position([tp(topic, 2)])]))
     consumer.seek(tp(topic, 0, 2))
     consumer.seek(tp(topic, 1, OFFSET_BEGINNING))
-    out.append(("position.after_seek", [p.offset for p in consumer.position(
-        [tp(topic, 0), tp(topic, 1)])]))  # fmt: skip
+    out.append(
+        ("position.after_seek", [p.offset for p in consumer.position([tp(topic, 0), tp(topic, 1)])])
+    )
     got = _drain(consumer, _has({0: 3, 1: 3}), "records after seeking")
     out.append(("after_seek", {p: offsets[:3] for p, offsets in got.items()}))
     consumer.incremental_unassign([tp(topic, 1)])
-    out.append(("assignment.after_unassign", sorted(
-        (p.topic, p.partition) for p in consumer.assignment())))  # fmt: skip
+    out.append(
+        ("assignment.after_unassign", sorted((p.topic, p.partition) for p in consumer.assignment()))
+    )
     consumer.pause([tp(topic, 0), tp(topic, 1)])  # partition 1 is no longer assigned: ignored
     consumer.seek(tp(topic, 0, 10))  # a paused partition continues there once resumed
     consumer.incremental_assign([tp(topic, 2, 15)])
@@ -106,13 +113,25 @@ def _script(consumer: Any, topic: str) -> list[Any]:
     got = _drain(consumer, _has({0: 1}), "partition 0 after resume")
     out.append(("resumed", got[0][0]))
     consumer.seek(tp(topic, 2, OFFSET_END))
-    wait_for(lambda: consumer.poll(0.1) is None and consumer.poll(0.3) is None,
-             what="partition 2 at its end")  # fmt: skip
-    out.append(("watermarks", [consumer.get_watermark_offsets(tp(topic, p), timeout=10)
-                               for p in range(3)]))  # fmt: skip
+    wait_for(
+        lambda: consumer.poll(0.1) is None and consumer.poll(0.3) is None,
+        what="partition 2 at its end",
+    )
+    out.append(
+        ("watermarks", [consumer.get_watermark_offsets(tp(topic, p), timeout=10) for p in range(3)])
+    )
     out.append(("watermarks.cached", consumer.get_watermark_offsets(tp(topic, 2), cached=True)))
-    out.append(("offsets_for_times", [(p.partition, p.offset) for p in consumer.offsets_for_times(
-        [tp(topic, 0, 0), tp(topic, 1, int(time.time() * 1000) + 3_600_000)], timeout=10)]))
+    out.append(
+        (
+            "offsets_for_times",
+            [
+                (p.partition, p.offset)
+                for p in consumer.offsets_for_times(
+                    [tp(topic, 0, 0), tp(topic, 1, int(time.time() * 1000) + 3_600_000)], timeout=10
+                )
+            ],
+        )
+    )
     metadata = consumer.list_topics(topic, timeout=10)
     out.append(("list_topics", sorted(metadata.topics[topic].partitions), len(metadata.brokers)))
     out.append(("cluster_id", consumer.cluster_id()))
@@ -142,7 +161,9 @@ def test_manual_assignment_matches_confluent_kafka(embedded_kafka: EmbeddedKafka
         assert seen["while_paused"] == [] and seen["resumed"] == 10
         assert seen["position.after_seek"] == [OFFSET_INVALID, OFFSET_INVALID]
         assert [v for k, v, *_ in ours if k.startswith("error")] == [
-            KafkaError._CONFLICT, KafkaError._INVALID_ARG, KafkaError._STATE
+            KafkaError._CONFLICT,
+            KafkaError._INVALID_ARG,
+            KafkaError._STATE,
         ]
         # Manual assignment is no group membership: no heartbeat, no join.
         counts = embedded_kafka.request_counts()
@@ -162,8 +183,10 @@ def test_manual_assignment_commits_under_the_group_id(embedded_kafka: EmbeddedKa
         got = _drain(first, _has({0: 12}), "12 records")
         assert got[0][:12] == list(range(12))
         # Auto-commit runs for a manual assignment too (generation -1).
-        wait_for(lambda: first.committed([TopicPartition(topic, 0)])[0].offset >= 12,
-                 what="the auto-commit of consumed offsets")  # fmt: skip
+        wait_for(
+            lambda: first.committed([TopicPartition(topic, 0)])[0].offset >= 12,
+            what="the auto-commit of consumed offsets",
+        )
         explicit = first.commit(offsets=[TopicPartition(topic, 1, 4)], asynchronous=False)
         assert [(p.partition, p.offset) for p in explicit or []] == [(1, 4)]
         _drain(first, lambda g: g.get(0, [-1])[-1] >= 19, "records up to offset 19")
@@ -244,9 +267,11 @@ def test_seek_in_on_assign_and_before_the_first_fetch_wins_over_committed(
                 consumer.seek(TopicPartition(topic, 0, 2))
         # confluent-kafka's way: incremental_assign inside on_assign with start offsets.
         consumer.incremental_assign(
-            [TopicPartition(tp.topic, tp.partition, 5 if tp.partition == 1 else OFFSET_INVALID)
-             for tp in partitions]
-        )  # fmt: skip
+            [
+                TopicPartition(tp.topic, tp.partition, 5 if tp.partition == 1 else OFFSET_INVALID)
+                for tp in partitions
+            ]
+        )
 
     consumer = Consumer(config(embedded_kafka, group, enable_auto_commit=False))
     try:
@@ -311,8 +336,10 @@ def test_member_id_and_group_metadata(embedded_kafka: EmbeddedKafka) -> None:
         assert write_group_metadata(parsed.group_id, -1, parsed.member_id, None) == theirs
 
         sdk.subscribe([topic])
-        wait_for(lambda: sdk.poll(0.1) is None and len(sdk.assignment()) == 2,
-                 what="the SDK member owning both partitions")  # fmt: skip
+        wait_for(
+            lambda: sdk.poll(0.1) is None and len(sdk.assignment()) == 2,
+            what="the SDK member owning both partitions",
+        )
         joined = read_group_metadata(sdk.consumer_group_metadata())
         assert joined.generation_id == sdk.member_epoch > 0
         assert joined.member_id == member_id
@@ -357,19 +384,31 @@ def test_transactional_offsets_on_embedded_kafka(embedded_kafka: EmbeddedKafka) 
 def test_context_manager_gives_a_consumer(tmp_path: Path) -> None:
     """``with Consumer(...) as c`` is typed as ``Consumer`` (mypy sees its methods)."""
     snippet = tmp_path / "snippet.py"
-    snippet.write_text(textwrap.dedent("""
+    snippet.write_text(
+        textwrap.dedent("""
         from consumer_sdk import Consumer, TopicPartition
 
         def use(config: dict[str, str]) -> str:
             with Consumer(config) as c:
                 c.seek(TopicPartition("t", 0, 1))
                 return c.memberid()
-    """))
+    """)
+    )
     result = subprocess.run(
-        [sys.executable, "-m", "mypy", "--strict", "--no-incremental",
-         "--follow-imports=silent", str(snippet)],
-        capture_output=True, text=True, timeout=300, cwd=Path(__file__).parents[2],
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "mypy",
+            "--strict",
+            "--no-incremental",
+            "--follow-imports=silent",
+            str(snippet),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=Path(__file__).parents[2],
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -422,15 +461,21 @@ def test_incremental_assign_in_on_assign_matches_confluent_kafka(
         embedded_kafka.produce(topic, [f"{p}-{i}".encode() for i in range(20)], partition=p)
 
     def run(consumer: Any) -> dict[int, int]:
-        consumer.commit(offsets=[TopicPartition(topic, p, 10) for p in range(3)],
-                        asynchronous=False)  # fmt: skip
+        consumer.commit(
+            offsets=[TopicPartition(topic, p, 10) for p in range(3)], asynchronous=False
+        )
 
         def on_assign(c: Any, partitions: list[TopicPartition]) -> None:
-            c.incremental_assign([
-                TopicPartition(tp.topic, tp.partition,
-                               {0: OFFSET_BEGINNING, 1: 4}.get(tp.partition, OFFSET_INVALID))
-                for tp in partitions
-            ])  # fmt: skip
+            c.incremental_assign(
+                [
+                    TopicPartition(
+                        tp.topic,
+                        tp.partition,
+                        {0: OFFSET_BEGINNING, 1: 4}.get(tp.partition, OFFSET_INVALID),
+                    )
+                    for tp in partitions
+                ]
+            )
 
         consumer.subscribe([topic], on_assign=on_assign)
         got = _drain(consumer, _has({0: 1, 1: 1, 2: 1}), "a record from every partition")
@@ -457,8 +502,7 @@ def test_on_assign_runs_before_the_committed_offsets_are_looked_up(
         embedded_kafka.produce(topic, [f"{p}-{i}".encode() for i in range(10)], partition=p)
 
     def run(consumer: Any) -> tuple[list[int], dict[int, int]]:
-        consumer.commit(offsets=[TopicPartition(topic, p, 6) for p in range(2)],
-                        asynchronous=False)  # fmt: skip
+        consumer.commit(offsets=[TopicPartition(topic, p, 6) for p in range(2)], asynchronous=False)
         wait_for(lambda: bool(embedded_kafka.requests(API_OFFSET_COMMIT)), what="the commit")
         embedded_kafka.clear_requests()
         fetches_seen: list[int] = []

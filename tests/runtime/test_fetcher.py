@@ -12,8 +12,13 @@ def test_fence_drops_then_unfence_rewinds_without_loss(embedded_kafka: EmbeddedK
     topic = "fetch-fence"
     embedded_kafka.create_topic(topic, partitions=1)
     embedded_kafka.produce(topic, [f"v{i}".encode() for i in range(20)], partition=0)
-    fetcher = Fetcher({"bootstrap.servers": embedded_kafka.bootstrap_servers,
-                       "group.id": "fetch-fence-g", "auto.offset.reset": "earliest"})  # fmt: skip
+    fetcher = Fetcher(
+        {
+            "bootstrap.servers": embedded_kafka.bootstrap_servers,
+            "group.id": "fetch-fence-g",
+            "auto.offset.reset": "earliest",
+        }
+    )
     try:
         fetcher.assign({(topic, 0): None})
         got = [wait_for(lambda: fetcher.poll(0.1), what="first record").offset()]

@@ -43,8 +43,12 @@ def kafka() -> Iterator[EmbeddedKafka]:
 
 
 def _conf(kafka: EmbeddedKafka, group: str, **extra: Any) -> dict[str, Any]:
-    return {"bootstrap.servers": kafka.bootstrap_servers, "group.id": group,
-            "auto.offset.reset": "earliest", **extra}  # fmt: skip
+    return {
+        "bootstrap.servers": kafka.bootstrap_servers,
+        "group.id": group,
+        "auto.offset.reset": "earliest",
+        **extra,
+    }
 
 
 def _consumer(impl: str, conf: dict[str, Any]) -> Any:
@@ -71,8 +75,9 @@ class Poller:
         self.records: list[tuple[int, int]] = []
         self.errors: list[BaseException] = []
         self._stop = threading.Event()
-        consumer.subscribe([topic], on_assign=self._assign, on_revoke=self._revoke,
-                           on_lost=self._revoke)  # fmt: skip
+        consumer.subscribe(
+            [topic], on_assign=self._assign, on_revoke=self._revoke, on_lost=self._revoke
+        )
         self._thread = threading.Thread(target=self._loop, daemon=True)
         self._thread.start()
 
@@ -99,8 +104,9 @@ class Poller:
             self.consumer.close()
 
 
-def _poll_until(consumer: Any, condition: Callable[[], bool], what: str,
-                timeout: float = 20.0) -> None:  # fmt: skip
+def _poll_until(
+    consumer: Any, condition: Callable[[], bool], what: str, timeout: float = 20.0
+) -> None:
     def step() -> bool:
         consumer.poll(0.05)
         return condition()
@@ -175,8 +181,11 @@ def test_raising_on_revoke_in_close_still_leaves_then_raises(
         closing.set()
         with pytest.raises(Exception) as info:
             raiser.close()
-        wait_for(lambda: len(other.owned) == 2, timeout=SESSION_MS / 1000,
-                 what="the other member taking over")  # fmt: skip
+        wait_for(
+            lambda: len(other.owned) == 2,
+            timeout=SESSION_MS / 1000,
+            what="the other member taking over",
+        )
         handover = time.monotonic() - started
         assert handover < LEAVE_HANDOVER_S, f"hand-over took {handover:.1f}s: no leave sent"
         if impl == "sdk":
@@ -206,8 +215,9 @@ def test_close_with_zero_timeout_still_leaves(kafka: EmbeddedKafka, impl: str) -
         owned.difference_update(p.partition for p in parts)
         revoked.extend(p.partition for p in parts)
 
-    c.subscribe([topic], on_assign=lambda _, ps: owned.update(p.partition for p in ps),
-                on_revoke=on_revoke)  # fmt: skip
+    c.subscribe(
+        [topic], on_assign=lambda _, ps: owned.update(p.partition for p in ps), on_revoke=on_revoke
+    )
     try:
         _poll_until(c, lambda: len(owned) == 1 and len(other.owned) == 1, "a 1/1 split")
         mine = sorted(owned)
@@ -217,8 +227,11 @@ def test_close_with_zero_timeout_still_leaves(kafka: EmbeddedKafka, impl: str) -
             c.close(timeout=0)
         else:
             c.close()  # confluent-kafka's close() takes no timeout
-        wait_for(lambda: len(other.owned) == 2, timeout=SESSION_MS / 1000,
-                 what="the other member taking over")  # fmt: skip
+        wait_for(
+            lambda: len(other.owned) == 2,
+            timeout=SESSION_MS / 1000,
+            what="the other member taking over",
+        )
         handover = time.monotonic() - started
         assert handover < LEAVE_HANDOVER_S, f"hand-over took {handover:.1f}s: no leave sent"
         assert revoked == mine, "on_revoke ran inside close"
@@ -234,10 +247,16 @@ def test_close_commits_pending_async_and_auto_commit_with_the_real_epoch(
     kafka.create_topic(topic, partitions=1)
     kafka.produce(topic, [b"x"] * 10)
     commits: list[tuple[Any, list[TopicPartition]]] = []
-    c = Consumer(_conf(kafka, group, **{
-        "auto.commit.interval.ms": 60_000,  # only the close commit can commit
-        "on_commit": lambda err, parts: commits.append((err, parts)),
-    }))  # fmt: skip
+    c = Consumer(
+        _conf(
+            kafka,
+            group,
+            **{
+                "auto.commit.interval.ms": 60_000,  # only the close commit can commit
+                "on_commit": lambda err, parts: commits.append((err, parts)),
+            },
+        )
+    )
     c.subscribe([topic])
     got = []
     while len(got) < 10:
@@ -308,18 +327,32 @@ def test_poll_without_timeout_blocks_until_a_record_without_spinning(
 # ----------------------------------------------------------------------------------------
 
 
-def _start_member(kafka: EmbeddedKafka, impl: str, group: str, topic: str,
-                  store_below: int) -> subprocess.Popen[str]:  # fmt: skip
+def _start_member(
+    kafka: EmbeddedKafka, impl: str, group: str, topic: str, store_below: int
+) -> subprocess.Popen[str]:
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     return subprocess.Popen(
-        [sys.executable, "-m", "tests.runtime.store_member", impl, kafka.bootstrap_servers,
-         group, topic, str(store_below)],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=ROOT, env=env,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "tests.runtime.store_member",
+            impl,
+            kafka.bootstrap_servers,
+            group,
+            topic,
+            str(store_below),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        cwd=ROOT,
+        env=env,
+    )
 
 
-def _read_offsets(proc: subprocess.Popen[str], until: Callable[[list[int]], bool],
-                  timeout: float) -> list[int]:  # fmt: skip
+def _read_offsets(
+    proc: subprocess.Popen[str], until: Callable[[list[int]], bool], timeout: float
+) -> list[int]:
     offsets: list[int] = []
     done = threading.Event()
 
@@ -347,8 +380,11 @@ def test_stored_offsets_survive_kill_9(kafka: EmbeddedKafka, impl: str) -> None:
         offsets = _read_offsets(first, lambda o: o[-1] == 99, timeout=60)
         assert offsets == list(range(100))
         # Auto-commit commits only what was stored: 40, although 100 records were polled.
-        wait_for(lambda: _committed(kafka, group, topic, 1) == {0: 40}, timeout=20,
-                 what="the stored offset committed")  # fmt: skip
+        wait_for(
+            lambda: _committed(kafka, group, topic, 1) == {0: 40},
+            timeout=20,
+            what="the stored offset committed",
+        )
         time.sleep(1.0)  # several auto-commit intervals: still the stored offset
         assert _committed(kafka, group, topic, 1) == {0: 40}
     finally:
@@ -372,13 +408,14 @@ def test_store_offsets_errors_match_confluent_kafka(kafka: EmbeddedKafka) -> Non
     for impl in IMPLS:
         got = codes.setdefault(impl, [])
         for store in (True, False):
-            c = _consumer(impl, _conf(kafka, f"lc-store-err-{impl}-{store}",
-                                      **{"enable.auto.offset.store": store}))  # fmt: skip
+            c = _consumer(
+                impl,
+                _conf(kafka, f"lc-store-err-{impl}-{store}", **{"enable.auto.offset.store": store}),
+            )
             try:
                 c.subscribe([topic])
                 msg = wait_for(lambda c=c: c.poll(0.2), what="a record")
-                for kwargs in ({"message": msg},
-                               {"offsets": [TopicPartition(topic, 7, 1)]}):  # fmt: skip
+                for kwargs in ({"message": msg}, {"offsets": [TopicPartition(topic, 7, 1)]}):
                     try:
                         c.store_offsets(**kwargs)
                         got.append(0)
@@ -386,17 +423,25 @@ def test_store_offsets_errors_match_confluent_kafka(kafka: EmbeddedKafka) -> Non
                         got.append(exc.args[0].code())
             finally:
                 c.close()
-    assert codes["sdk"] == codes["ck"] == [
-        KafkaError._INVALID_ARG, KafkaError._INVALID_ARG, 0, KafkaError._STATE,
-    ]  # fmt: skip
+    assert (
+        codes["sdk"]
+        == codes["ck"]
+        == [
+            KafkaError._INVALID_ARG,
+            KafkaError._INVALID_ARG,
+            0,
+            KafkaError._STATE,
+        ]
+    )
 
 
 def test_commit_without_arguments_commits_only_stored_offsets(kafka: EmbeddedKafka) -> None:
     topic, group = "lc-store-commit", "lc-store-commit-g"
     kafka.create_topic(topic, partitions=1)
     kafka.produce(topic, [b"x"] * 5)
-    c = Consumer(_conf(kafka, group, **{"enable.auto.offset.store": False,
-                                        "enable.auto.commit": False}))  # fmt: skip
+    c = Consumer(
+        _conf(kafka, group, **{"enable.auto.offset.store": False, "enable.auto.commit": False})
+    )
     c.subscribe([topic])
     try:
         msgs = [wait_for(lambda: c.poll(0.2), what="a record") for _ in range(5)]
@@ -421,8 +466,9 @@ def test_offset_reset_error_matches_confluent_kafka(kafka: EmbeddedKafka) -> Non
     kafka.produce(topic, [b"x"] * 6)
     seen: dict[str, list[tuple[int | None, int, str]]] = {}
     for impl in IMPLS:
-        c = _consumer(impl, _conf(kafka, f"lc-reset-err-{impl}-g",
-                                  **{"auto.offset.reset": "error"}))  # fmt: skip
+        c = _consumer(
+            impl, _conf(kafka, f"lc-reset-err-{impl}-g", **{"auto.offset.reset": "error"})
+        )
         c.subscribe([topic])
         got = seen.setdefault(impl, [])
         try:
@@ -430,17 +476,25 @@ def test_offset_reset_error_matches_confluent_kafka(kafka: EmbeddedKafka) -> Non
             while len(got) < 2 and time.monotonic() < deadline:
                 for msg in c.consume(10, 0.2):
                     error = msg.error()
-                    got.append((msg.partition(), error.code() if error else 0,
-                                error.str() if error else ""))  # fmt: skip
+                    got.append(
+                        (
+                            msg.partition(),
+                            error.code() if error else 0,
+                            error.str() if error else "",
+                        )
+                    )
             assert c.poll(1.0) is None, "no record (and no second error) after the reset error"
         finally:
             c.close()
     assert sorted(seen["sdk"]) == sorted(seen["ck"])
     assert sorted(seen["sdk"]) == [
-        (p, KafkaError._AUTO_OFFSET_RESET,
-         "no previously committed offset available: Local: No offset stored")
+        (
+            p,
+            KafkaError._AUTO_OFFSET_RESET,
+            "no previously committed offset available: Local: No offset stored",
+        )
         for p in (0, 1)
-    ]  # fmt: skip
+    ]
 
 
 # ----------------------------------------------------------------------------------------
@@ -455,8 +509,13 @@ def test_on_commit_runs_for_every_commit_on_the_application_thread(kafka: Embedd
     calls: list[tuple[int | None, list[tuple[int, int]], str]] = []
 
     def on_commit(err: KafkaError | None, parts: list[TopicPartition]) -> None:
-        calls.append((err.code() if err else None, [(p.partition, p.offset) for p in parts],
-                      threading.current_thread().name))  # fmt: skip
+        calls.append(
+            (
+                err.code() if err else None,
+                [(p.partition, p.offset) for p in parts],
+                threading.current_thread().name,
+            )
+        )
 
     c = Consumer(_conf(kafka, group, **{"on_commit": on_commit, "auto.commit.interval.ms": 300}))
     c.subscribe([topic])
@@ -478,8 +537,11 @@ def test_on_commit_runs_for_every_commit_on_the_application_thread(kafka: Embedd
         kafka.produce(topic, [b"y"])
         fourth = wait_for(lambda: c.poll(0.2), what="a record")
         c.commit(fourth, asynchronous=True)
-        _poll_until(c, lambda: any(code == KafkaError.UNKNOWN_MEMBER_ID
-                                   for code, *_ in calls[before:]), "a failed commit")  # fmt: skip
+        _poll_until(
+            c,
+            lambda: any(code == KafkaError.UNKNOWN_MEMBER_ID for code, *_ in calls[before:]),
+            "a failed commit",
+        )
         metrics = c.metrics()
         assert metrics["commit-total"] >= 3 and metrics["commit-rate"] > 0
         assert metrics["commit-latency-max"] >= metrics["commit-latency-avg"] >= 0
@@ -492,8 +554,7 @@ def test_error_cb_gets_poll_interval_exceeded(kafka: EmbeddedKafka) -> None:
     topic, group = "lc-errcb", "lc-errcb-g"
     kafka.create_topic(topic, partitions=1)
     errors: list[KafkaError] = []
-    c = Consumer(_conf(kafka, group, **{"max.poll.interval.ms": 1000,
-                                        "error_cb": errors.append}))  # fmt: skip
+    c = Consumer(_conf(kafka, group, **{"max.poll.interval.ms": 1000, "error_cb": errors.append}))
     c.subscribe([topic])
     try:
         _poll_until(c, lambda: c.state is MemberState.STABLE, "stable")
@@ -508,12 +569,21 @@ def test_error_cb_gets_poll_interval_exceeded(kafka: EmbeddedKafka) -> None:
 
 def test_error_cb_gets_unreachable_coordinator() -> None:
     errors: list[KafkaError] = []
-    c = Consumer({"bootstrap.servers": "127.0.0.1:1", "group.id": "lc-nowhere",
-                  "retry.backoff.max.ms": 200, "error_cb": errors.append})  # fmt: skip
+    c = Consumer(
+        {
+            "bootstrap.servers": "127.0.0.1:1",
+            "group.id": "lc-nowhere",
+            "retry.backoff.max.ms": 200,
+            "error_cb": errors.append,
+        }
+    )
     c.subscribe(["t"])
     try:
-        _poll_until(c, lambda: any("coordinator unreachable" in e.str() for e in errors),
-                    "error_cb for the coordinator")  # fmt: skip
+        _poll_until(
+            c,
+            lambda: any("coordinator unreachable" in e.str() for e in errors),
+            "error_cb for the coordinator",
+        )
         group_error = next(e for e in errors if "coordinator unreachable" in e.str())
         assert group_error.code() == KafkaError._TRANSPORT and group_error.retriable()
     finally:
@@ -525,8 +595,9 @@ def test_error_cb_gets_unreachable_coordinator() -> None:
 # ----------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("code", [KafkaError.NOT_COORDINATOR,
-                                  KafkaError.COORDINATOR_LOAD_IN_PROGRESS])  # fmt: skip
+@pytest.mark.parametrize(
+    "code", [KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_LOAD_IN_PROGRESS]
+)
 def test_coordinator_load_errors_back_off_and_log_once(
     kafka: EmbeddedKafka, caplog: pytest.LogCaptureFixture, code: int
 ) -> None:
@@ -541,8 +612,7 @@ def test_coordinator_load_errors_back_off_and_log_once(
         failures = 6
         kafka.clear_requests()
         kafka.push_request_errors(68, [code] * failures)
-        _poll_until(c, lambda: len(kafka.requests(68)) > failures, "the episode to end",
-                    timeout=30)  # fmt: skip
+        _poll_until(c, lambda: len(kafka.requests(68)) > failures, "the episode to end", timeout=30)
         stamps = [r.timestamp_us for r in kafka.requests(68)][: failures + 1]
         gaps_ms = [(b - a) / 1000 for a, b in itertools.pairwise(stamps)]
         # Exponential backoff with +-20% jitter, capped at 800 ms: 100, 200, 400, 800, 800.
@@ -570,8 +640,10 @@ def test_regex_is_sent_as_is_and_evaluated_by_the_broker(kafka: EmbeddedKafka) -
     for impl in IMPLS:
         got = owned.setdefault(impl, set())
         c = _consumer(impl, _conf(kafka, f"lc-rx-{impl}-g"))
-        c.subscribe(["^lc-rx-.*"], on_assign=lambda _, ps, got=got: got.update(
-            (p.topic, p.partition) for p in ps))  # fmt: skip
+        c.subscribe(
+            ["^lc-rx-.*"],
+            on_assign=lambda _, ps, got=got: got.update((p.topic, p.partition) for p in ps),
+        )
         try:
             _poll_until(c, lambda got=got: len(got) == 2, f"{impl}: the matching topics")
         finally:

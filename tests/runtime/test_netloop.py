@@ -72,8 +72,7 @@ class App:
 
 
 def member(bootstrap: str, group: str, **extra: Any) -> MemberNetwork:
-    conf = {"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False,
-            **extra}  # fmt: skip
+    conf = {"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False, **extra}
     return MemberNetwork(ConsumerConfig.from_mapping(conf))
 
 
@@ -111,8 +110,10 @@ def test_many_members_one_thread_one_connection_per_broker(kafka: EmbeddedKafka)
     kafka.create_topic("nl-many", partitions=24)
     kafka.clear_requests()
     threads_before = threading.active_count()
-    apps = [App(member(kafka.bootstrap_servers, "nl-many", **{"client.id": f"c{i % 2}"}))
-            for i in range(8)]  # fmt: skip
+    apps = [
+        App(member(kafka.bootstrap_servers, "nl-many", **{"client.id": f"c{i % 2}"}))
+        for i in range(8)
+    ]
     try:
         for app in apps:
             app.net.submit(Subscribe(topics=("nl-many",)))
@@ -126,8 +127,11 @@ def test_many_members_one_thread_one_connection_per_broker(kafka: EmbeddedKafka)
         loop = apps[0].net._loop
         assert all(a.net._loop is loop for a in apps)
         # One network thread for all of them (connection-setup helpers are gone by now).
-        wait_until(lambda: threading.active_count() <= threads_before + 1, timeout=10,
-                   description="only the loop thread is left")  # fmt: skip
+        wait_until(
+            lambda: threading.active_count() <= threads_before + 1,
+            timeout=10,
+            description="only the loop thread is left",
+        )
         # Different client ids share: one connection per broker address in use.
         addresses = [(c.host, c.port) for c in loop.connections()]
         assert len(addresses) == len(set(addresses)) <= 3 + 1
@@ -137,8 +141,13 @@ def test_many_members_one_thread_one_connection_per_broker(kafka: EmbeddedKafka)
         assert counts.get(10, 0) < 8 and counts.get(3, 0) < 8, counts
         # Heartbeats keep flowing on the shared connections.
         beats = sum(a.net.core.metrics.snapshot(0)["heartbeat-total"] for a in apps)
-        poll_until(apps, lambda: sum(a.net.core.metrics.snapshot(0)["heartbeat-total"]
-                                     for a in apps) >= beats + 16, "more heartbeats")  # fmt: skip
+        poll_until(
+            apps,
+            lambda: (
+                sum(a.net.core.metrics.snapshot(0)["heartbeat-total"] for a in apps) >= beats + 16
+            ),
+            "more heartbeats",
+        )
         # One leaves: the others take its partitions over.
         leaving, rest = apps[0], apps[1:]
         leaving.close()
@@ -160,8 +169,13 @@ def test_stable_members_heartbeat_at_the_broker_interval(kafka: EmbeddedKafka) -
     try:
         for app in apps:
             app.net.submit(Subscribe(topics=("nl-pace",)))
-        poll_until(apps, lambda: all(a.net.state is MemberState.STABLE for a in apps)
-                   and cover(apps, "nl-pace", 2), "2 members stable")  # fmt: skip
+        poll_until(
+            apps,
+            lambda: (
+                all(a.net.state is MemberState.STABLE for a in apps) and cover(apps, "nl-pace", 2)
+            ),
+            "2 members stable",
+        )
         assert all(a.net.core.heartbeat_interval_ms == 300 for a in apps)
 
         def beats() -> list[float]:
@@ -183,22 +197,36 @@ def test_commits_sync_and_async_land_on_the_coordinator(kafka: EmbeddedKafka) ->
     app = App(member(kafka.bootstrap_servers, "nl-commit"))
     try:
         app.net.submit(Subscribe(topics=("nl-commit",)))
-        poll_until([app], lambda: app.net.state is MemberState.STABLE and len(app.owned) == 2,
-                   "joined")  # fmt: skip
-        result = app.net.commit_sync({("nl-commit", 0): OffsetAndMetadata(7)}, 10.0,
-                                     CommitKind.SYNC)  # fmt: skip
+        poll_until(
+            [app], lambda: app.net.state is MemberState.STABLE and len(app.owned) == 2, "joined"
+        )
+        result = app.net.commit_sync(
+            {("nl-commit", 0): OffsetAndMetadata(7)}, 10.0, CommitKind.SYNC
+        )
         assert result.ok and result.committed == {("nl-commit", 0): 7}
-        commit_id = app.net.commit({("nl-commit", 1): OffsetAndMetadata(3, -1, "meta")},
-                                   CommitKind.ASYNC)  # fmt: skip
+        commit_id = app.net.commit(
+            {("nl-commit", 1): OffsetAndMetadata(3, -1, "meta")}, CommitKind.ASYNC
+        )
         results: list[Any] = []
-        poll_until([app], lambda: results.extend(app.net.drain_results()) or any(
-            r.commit_id == commit_id for r in results), "async commit done")  # fmt: skip
+        poll_until(
+            [app],
+            lambda: (
+                results.extend(app.net.drain_results())
+                or any(r.commit_id == commit_id for r in results)
+            ),
+            "async commit done",
+        )
         assert all(r.ok for r in results)
         with ClusterClient({"bootstrap.servers": kafka.bootstrap_servers}) as client:
-            found = committed_offsets(client.offset_fetch(OffsetFetchRequest(
-                "nl-commit", (("nl-commit", 0), ("nl-commit", 1))), 10.0))  # fmt: skip
+            found = committed_offsets(
+                client.offset_fetch(
+                    OffsetFetchRequest("nl-commit", (("nl-commit", 0), ("nl-commit", 1))), 10.0
+                )
+            )
         assert {p: o.offset if o else None for p, o in found.items()} == {
-            ("nl-commit", 0): 7, ("nl-commit", 1): 3}  # fmt: skip
+            ("nl-commit", 0): 7,
+            ("nl-commit", 1): 3,
+        }
         # Never backwards through this member: a lower offset is skipped, not sent.
         lower = app.net.commit_sync({("nl-commit", 0): OffsetAndMetadata(2)}, 5.0, CommitKind.SYNC)
         assert lower.ok and lower.committed == {}
@@ -211,18 +239,25 @@ def test_coordinator_moves_and_broker_down_keep_the_member(kafka: EmbeddedKafka)
     app = App(member(kafka.bootstrap_servers, "nl-move"))
     try:
         app.net.submit(Subscribe(topics=("nl-move",)))
-        poll_until([app], lambda: app.net.state is MemberState.STABLE and len(app.owned) == 3,
-                   "joined")  # fmt: skip
+        poll_until(
+            [app], lambda: app.net.state is MemberState.STABLE and len(app.owned) == 3, "joined"
+        )
         first = app.net.coordinator.coordinator
         assert first is not None
         target = 1 if first.node_id != 1 else 2
         kafka.set_group_coordinator("nl-move", target)
-        poll_until([app], lambda: (c := app.net.coordinator.coordinator) is not None
-                   and c.node_id == target, "found the new coordinator")  # fmt: skip
+        poll_until(
+            [app],
+            lambda: (c := app.net.coordinator.coordinator) is not None and c.node_id == target,
+            "found the new coordinator",
+        )
         epoch = app.net.member_epoch
         beats = app.net.core.metrics.snapshot(0)["heartbeat-total"]
-        poll_until([app], lambda: app.net.core.metrics.snapshot(0)["heartbeat-total"] > beats + 3,
-                   "heartbeats to the new coordinator")  # fmt: skip
+        poll_until(
+            [app],
+            lambda: app.net.core.metrics.snapshot(0)["heartbeat-total"] > beats + 3,
+            "heartbeats to the new coordinator",
+        )
         assert app.net.state is MemberState.STABLE and app.net.member_epoch >= epoch
         assert len(app.owned) == 3
     finally:
@@ -256,21 +291,55 @@ def test_tls_and_sasl_members_over_the_shared_loop(kafka: EmbeddedKafka, tmp_pat
     kafka.set_group_coordinator("nl-tls", 1)  # the proxies front broker 1
     kafka.set_group_coordinator("nl-tls-bad", 1)
     users = {"alice": "pw-Secret-123", "bob": "pw-Other-456"}
-    with TlsProxy(kafka.broker_address(1), certs=certs, advertised_host="localhost") as tls_px, \
-            TlsProxy(kafka.broker_address(1), certs=certs, sasl_users=users,
-                     advertised_host="localhost") as sasl_px:  # fmt: skip
+    with (
+        TlsProxy(kafka.broker_address(1), certs=certs, advertised_host="localhost") as tls_px,
+        TlsProxy(
+            kafka.broker_address(1), certs=certs, sasl_users=users, advertised_host="localhost"
+        ) as sasl_px,
+    ):
         common = {"ssl.ca.location": str(certs.ca)}
-        tls_app = App(member(f"localhost:{tls_px.port}", "nl-tls",
-                             **{"security.protocol": "SSL"}, **common))  # fmt: skip
-        sasl_app = App(member(f"localhost:{sasl_px.port}", "nl-tls", **{
-            "security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-256",
-            "sasl.username": "alice", "sasl.password": "pw-Secret-123"}, **common))  # fmt: skip
-        bob = App(member(f"localhost:{sasl_px.port}", "nl-tls", **{
-            "security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-256",
-            "sasl.username": "bob", "sasl.password": "pw-Other-456"}, **common))  # fmt: skip
-        bad = App(member(f"localhost:{sasl_px.port}", "nl-tls-bad", **{
-            "security.protocol": "SASL_SSL", "sasl.mechanism": "PLAIN",
-            "sasl.username": "alice", "sasl.password": "wrong"}, **common))  # fmt: skip
+        tls_app = App(
+            member(f"localhost:{tls_px.port}", "nl-tls", **{"security.protocol": "SSL"}, **common)
+        )
+        sasl_app = App(
+            member(
+                f"localhost:{sasl_px.port}",
+                "nl-tls",
+                **{
+                    "security.protocol": "SASL_SSL",
+                    "sasl.mechanism": "SCRAM-SHA-256",
+                    "sasl.username": "alice",
+                    "sasl.password": "pw-Secret-123",
+                },
+                **common,
+            )
+        )
+        bob = App(
+            member(
+                f"localhost:{sasl_px.port}",
+                "nl-tls",
+                **{
+                    "security.protocol": "SASL_SSL",
+                    "sasl.mechanism": "SCRAM-SHA-256",
+                    "sasl.username": "bob",
+                    "sasl.password": "pw-Other-456",
+                },
+                **common,
+            )
+        )
+        bad = App(
+            member(
+                f"localhost:{sasl_px.port}",
+                "nl-tls-bad",
+                **{
+                    "security.protocol": "SASL_SSL",
+                    "sasl.mechanism": "PLAIN",
+                    "sasl.username": "alice",
+                    "sasl.password": "wrong",
+                },
+                **common,
+            )
+        )
         apps = [tls_app, sasl_app, bob]
         try:
             for app in [*apps, bad]:
@@ -290,10 +359,12 @@ def test_tls_and_sasl_members_over_the_shared_loop(kafka: EmbeddedKafka, tmp_pat
             assert {"SSL", "SASL_SSL"} <= protocols
             assert tls_px.handshake_failures == []
             # Same mechanism, different users: never one connection for both identities.
-            scram = [c for c in loop.connections() if c.settings.sasl_mechanism == "SCRAM-SHA-256"
-                     and c.port == sasl_px.port]  # fmt: skip
-            assert sorted(c.settings.credentials.get()[0] or "" for c in scram) == [
-                "alice", "bob"]  # fmt: skip
+            scram = [
+                c
+                for c in loop.connections()
+                if c.settings.sasl_mechanism == "SCRAM-SHA-256" and c.port == sasl_px.port
+            ]
+            assert sorted(c.settings.credentials.get()[0] or "" for c in scram) == ["alice", "bob"]
         finally:
             bad.close()
             close_all(apps)
@@ -324,8 +395,13 @@ def test_slow_coordinator_times_out_the_shared_connection_and_members_recover(
     try:
         for app in apps:
             app.net.submit(Subscribe(topics=("nl-slow",)))
-        poll_until(apps, lambda: all(a.net.state is MemberState.STABLE for a in apps)
-                   and cover(apps, "nl-slow", 4), "joined")  # fmt: skip
+        poll_until(
+            apps,
+            lambda: (
+                all(a.net.state is MemberState.STABLE for a in apps) and cover(apps, "nl-slow", 4)
+            ),
+            "joined",
+        )
         coordinator = apps[0].net.coordinator.coordinator
         assert coordinator is not None
         conn = apps[0].net._conn(coordinator.host, coordinator.port)
@@ -333,13 +409,25 @@ def test_slow_coordinator_times_out_the_shared_connection_and_members_recover(
         ids = [a.net.member_id for a in apps]
         kafka.set_rtt(coordinator.node_id, 5600)
         try:
-            poll_until(apps, lambda: conn.generation > generation or conn.state != "READY",
-                       "the timed-out connection was closed", timeout=30)  # fmt: skip
+            poll_until(
+                apps,
+                lambda: conn.generation > generation or conn.state != "READY",
+                "the timed-out connection was closed",
+                timeout=30,
+            )
         finally:
             kafka.set_rtt(coordinator.node_id, 0)
-        poll_until(apps, lambda: conn.state == "READY" and conn.generation > generation
-                   and all(a.net.state is MemberState.STABLE for a in apps)
-                   and cover(apps, "nl-slow", 4), "recovered", timeout=60)  # fmt: skip
+        poll_until(
+            apps,
+            lambda: (
+                conn.state == "READY"
+                and conn.generation > generation
+                and all(a.net.state is MemberState.STABLE for a in apps)
+                and cover(apps, "nl-slow", 4)
+            ),
+            "recovered",
+            timeout=60,
+        )
         assert [a.net.member_id for a in apps] == ids
     finally:
         close_all(apps)
@@ -383,8 +471,14 @@ def _network_threads() -> list[str]:
 
 
 def _facade(kafka: EmbeddedKafka, group: str, **extra: Any) -> GroupMember:
-    return GroupMember({"bootstrap.servers": kafka.bootstrap_servers, "group.id": group,
-                        "enable.auto.commit": False, **extra})  # fmt: skip
+    return GroupMember(
+        {
+            "bootstrap.servers": kafka.bootstrap_servers,
+            "group.id": group,
+            "enable.auto.commit": False,
+            **extra,
+        }
+    )
 
 
 def _poll_members(members: list[GroupMember], done: Any, what: str, timeout: float = 30) -> None:
@@ -405,16 +499,25 @@ def test_group_members_share_one_network_thread_and_leave_none_behind(
     try:
         for m in members:
             m.subscribe(["nl-facade"])
-        _poll_members(members, lambda: all(m.state is MemberState.STABLE for m in members)
-                      and sum(len(m.assignment()) for m in members) == 8, "all stable")  # fmt: skip
+        _poll_members(
+            members,
+            lambda: (
+                all(m.state is MemberState.STABLE for m in members)
+                and sum(len(m.assignment()) for m in members) == 8
+            ),
+            "all stable",
+        )
         names = _network_threads()
         assert names.count("consumer-sdk-network") == 1, names
         assert not any("heartbeat" in n for n in names), "no thread per member"
     finally:
         for m in members:
             m.close(5)
-    wait_until(lambda: not _network_threads(), timeout=10,
-               description=f"no SDK thread left after close: {_network_threads()}")  # fmt: skip
+    wait_until(
+        lambda: not _network_threads(),
+        timeout=10,
+        description=f"no SDK thread left after close: {_network_threads()}",
+    )
 
 
 def test_one_members_failure_on_the_loop_spares_the_others(kafka: EmbeddedKafka) -> None:
@@ -425,25 +528,38 @@ def test_one_members_failure_on_the_loop_spares_the_others(kafka: EmbeddedKafka)
     try:
         for m in (good, bad):
             m.subscribe(["nl-isolate"])
-        _poll_members([good, bad], lambda: good.state is MemberState.STABLE
-                      and bad.state is MemberState.STABLE, "both stable")  # fmt: skip
+        _poll_members(
+            [good, bad],
+            lambda: good.state is MemberState.STABLE and bad.state is MemberState.STABLE,
+            "both stable",
+        )
 
         def broken(*args: Any) -> None:
             raise RuntimeError("injected response-handling bug")
 
         bad._net.core.on_heartbeat_response = broken  # type: ignore[method-assign]
         with pytest.raises(KafkaException, match="injected response-handling bug") as info:
-            wait_until(lambda: bad.poll(0.05) or False, timeout=10, interval=0,
-                       description="the failed member's poll raises")  # fmt: skip
+            wait_until(
+                lambda: bad.poll(0.05) or False,
+                timeout=10,
+                interval=0,
+                description="the failed member's poll raises",
+            )
         assert info.value.args[0].code() == KafkaError._FATAL
         with pytest.raises(KafkaException, match="failed on the network loop"):
             bad.commit(offsets=[TopicPartition("nl-isolate", 0, 1)], asynchronous=False)
         beats = good.metrics()["heartbeat-total"]
         # The broker fences the silent member after its session; the loop serves the other.
-        _poll_members([good], lambda: good.metrics()["heartbeat-total"] >= beats + 3
-                      and len(good.assignment()) == 2 and good.state is MemberState.STABLE,
-                      "the other member heartbeats and takes over both partitions",
-                      timeout=40)  # fmt: skip
+        _poll_members(
+            [good],
+            lambda: (
+                good.metrics()["heartbeat-total"] >= beats + 3
+                and len(good.assignment()) == 2
+                and good.state is MemberState.STABLE
+            ),
+            "the other member heartbeats and takes over both partitions",
+            timeout=40,
+        )
     finally:
         bad.close(1)
         good.close(5)
@@ -451,12 +567,17 @@ def test_one_members_failure_on_the_loop_spares_the_others(kafka: EmbeddedKafka)
 
 
 def _member_in_child(bootstrap: str, out: Any) -> None:
-    member = GroupMember({"bootstrap.servers": bootstrap, "group.id": "nl-fork",
-                          "enable.auto.commit": False})  # fmt: skip
+    member = GroupMember(
+        {"bootstrap.servers": bootstrap, "group.id": "nl-fork", "enable.auto.commit": False}
+    )
     try:
         member.subscribe(["nl-fork"])
-        wait_until(lambda: (member.poll(0.05), member.state is MemberState.STABLE)[1],
-                   timeout=30, interval=0, description="child member stable")  # fmt: skip
+        wait_until(
+            lambda: (member.poll(0.05), member.state is MemberState.STABLE)[1],
+            timeout=30,
+            interval=0,
+            description="child member stable",
+        )
         out.send(len(member.assignment()))
     finally:
         member.close(5)

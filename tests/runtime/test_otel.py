@@ -51,8 +51,9 @@ def test_metrics_and_messaging_spans(embedded_kafka: EmbeddedKafka) -> None:
         assert receive.attributes["messaging.consumer.group.name"] == group
         assert receive.attributes["messaging.kafka.offset"] == msg.offset()
         data = reader.get_metrics_data()
-        exported = {m.name for rm in data.resource_metrics for sm in rm.scope_metrics
-                    for m in sm.metrics}  # fmt: skip
+        exported = {
+            m.name for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics
+        }
         assert "kafka.consumer.coordinator.heartbeat_total" in exported
         assert "kafka.consumer.coordinator.rebalance_latency_avg" in exported
         handle.uninstrument()

@@ -17,12 +17,12 @@ from consumer_sdk.testing import EmbeddedKafka, wait_until
 Record = tuple[str, int, int]
 
 
-def produce(kafka: EmbeddedKafka, topic: str, partitions: int, per_partition: int,
-            tag: str) -> None:  # fmt: skip
+def produce(
+    kafka: EmbeddedKafka, topic: str, partitions: int, per_partition: int, tag: str
+) -> None:
     """Produce ``per_partition`` records to each partition."""
     for p in range(partitions):
-        kafka.produce(topic, [f"{tag}-{p}-{i}".encode() for i in range(per_partition)],
-                      partition=p)  # fmt: skip
+        kafka.produce(topic, [f"{tag}-{p}-{i}".encode() for i in range(per_partition)], partition=p)
 
 
 def high_watermarks(kafka: EmbeddedKafka, topic: str, partitions: int) -> dict[int, int]:
@@ -82,9 +82,13 @@ class PlainMember:
         self._processed: dict[tuple[str, int], int] = {}
         self._stop = threading.Event()
         self.consumer = Consumer(
-            {"bootstrap.servers": kafka.bootstrap_servers, "group.id": group,
-             "enable.auto.commit": False, "auto.offset.reset": "earliest"}
-        )  # fmt: skip
+            {
+                "bootstrap.servers": kafka.bootstrap_servers,
+                "group.id": group,
+                "enable.auto.commit": False,
+                "auto.offset.reset": "earliest",
+            }
+        )
         self.consumer.subscribe([topic], on_assign=self._assign, on_revoke=self._revoke)
         self._thread = threading.Thread(target=self._loop, daemon=True)
         self._thread.start()

@@ -24,16 +24,27 @@ def test_read_range_yields_kafka_rows_and_reuses_its_consumer(
 
     topic = "ex-read"
     embedded_kafka.create_topic(topic, partitions=1)
-    embedded_kafka.produce(topic, [(f"k{i}", f"v{i}") for i in range(300)], partition=0,
-                           headers=[("h", b"1")])  # fmt: skip
-    opts = SourceOptions.parse({"kafka.bootstrap.servers": embedded_kafka.bootstrap_servers,
-                                "group.id": "ex-read-g", "subscribe": topic})  # fmt: skip
+    embedded_kafka.produce(
+        topic, [(f"k{i}", f"v{i}") for i in range(300)], partition=0, headers=[("h", b"1")]
+    )
+    opts = SourceOptions.parse(
+        {
+            "kafka.bootstrap.servers": embedded_kafka.bootstrap_servers,
+            "group.id": "ex-read-g",
+            "subscribe": topic,
+        }
+    )
     config = opts.fetch_config("executor")
 
     def read(frm: int, until: int, headers: bool = False, size: int = 1000) -> list[pa.RecordBatch]:
-        task = ReadTask.make(OffsetRange(topic, 0, frm, until), config, include_headers=headers,
-                             fail_on_data_loss=True, poll_timeout_ms=10_000,
-                             arrow_batch_size=size)  # fmt: skip
+        task = ReadTask.make(
+            OffsetRange(topic, 0, frm, until),
+            config,
+            include_headers=headers,
+            fail_on_data_loss=True,
+            poll_timeout_ms=10_000,
+            arrow_batch_size=size,
+        )
         return list(read_range(task))
 
     close_cached_consumers()
@@ -68,19 +79,33 @@ def test_one_task_reads_several_ranges(embedded_kafka: EmbeddedKafka) -> None:
     embedded_kafka.create_topic(topic, partitions=3)
     for p in range(3):
         embedded_kafka.produce(topic, [f"v{p}-{i}".encode() for i in range(20)], partition=p)
-    opts = SourceOptions.parse({"kafka.bootstrap.servers": embedded_kafka.bootstrap_servers,
-                                "group.id": "ex-multi-g", "subscribe": topic})  # fmt: skip
-    ranges = [OffsetRange(topic, 0, 0, 20), OffsetRange(topic, 1, 5, 10),
-              OffsetRange(topic, 2, 19, 20)]  # fmt: skip
-    task = ReadTask.make(ranges, opts.fetch_config("executor"), include_headers=False,
-                         fail_on_data_loss=True, poll_timeout_ms=10_000,
-                         arrow_batch_size=1000)  # fmt: skip
+    opts = SourceOptions.parse(
+        {
+            "kafka.bootstrap.servers": embedded_kafka.bootstrap_servers,
+            "group.id": "ex-multi-g",
+            "subscribe": topic,
+        }
+    )
+    ranges = [
+        OffsetRange(topic, 0, 0, 20),
+        OffsetRange(topic, 1, 5, 10),
+        OffsetRange(topic, 2, 19, 20),
+    ]
+    task = ReadTask.make(
+        ranges,
+        opts.fetch_config("executor"),
+        include_headers=False,
+        fail_on_data_loss=True,
+        poll_timeout_ms=10_000,
+        arrow_batch_size=1000,
+    )
     try:
         table = pa.Table.from_batches(list(read_range(task)))
     finally:
         close_cached_consumers()
-    got = list(zip(table.column("partition").to_pylist(), table.column("offset").to_pylist(),
-                   strict=True))  # fmt: skip
+    got = list(
+        zip(table.column("partition").to_pylist(), table.column("offset").to_pylist(), strict=True)
+    )
     assert got == [(0, o) for o in range(20)] + [(1, o) for o in range(5, 10)] + [(2, 19)]
 
 
@@ -101,19 +126,33 @@ def test_a_task_positions_its_consumers_up_front_and_returns_unread_ones(
     embedded_kafka.create_topic(topic, partitions=parts)
     for p in range(parts):
         embedded_kafka.produce(topic, [f"v{p}-{i}".encode() for i in range(50)], partition=p)
-    opts = SourceOptions.parse({"kafka.bootstrap.servers": embedded_kafka.bootstrap_servers,
-                                "group.id": "ex-prime-g", "subscribe": topic})  # fmt: skip
+    opts = SourceOptions.parse(
+        {
+            "kafka.bootstrap.servers": embedded_kafka.bootstrap_servers,
+            "group.id": "ex-prime-g",
+            "subscribe": topic,
+        }
+    )
 
     def task(ranges: list[tuple[int, int, int]], size: int = 1000) -> ReadTask:
-        return ReadTask.make([OffsetRange(topic, p, a, b) for p, a, b in ranges],
-                             opts.fetch_config("executor"), include_headers=False,
-                             fail_on_data_loss=True, poll_timeout_ms=10_000,
-                             arrow_batch_size=size)  # fmt: skip
+        return ReadTask.make(
+            [OffsetRange(topic, p, a, b) for p, a, b in ranges],
+            opts.fetch_config("executor"),
+            include_headers=False,
+            fail_on_data_loss=True,
+            poll_timeout_ms=10_000,
+            arrow_batch_size=size,
+        )
 
     def rows(t: ReadTask) -> list[tuple[int, int]]:
         table = pa.Table.from_batches(list(read_range(t)))
-        return list(zip(table.column("partition").to_pylist(), table.column("offset").to_pylist(),
-                        strict=True))  # fmt: skip
+        return list(
+            zip(
+                table.column("partition").to_pylist(),
+                table.column("offset").to_pylist(),
+                strict=True,
+            )
+        )
 
     close_cached_consumers()
     try:

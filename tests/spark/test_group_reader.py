@@ -24,17 +24,24 @@ PARTS = 4
 
 def options(kafka: EmbeddedKafka, group: str, topic: str, **extra: str) -> SourceOptions:
     return SourceOptions.parse(
-        {"kafka.bootstrap.servers": kafka.bootstrap_servers, "group.id": group,
-         "subscribe": topic, "startingOffsets": "earliest", "joinTimeoutMs": "20000",
-         "closeCommitWaitMs": "0", **extra}
-    )  # fmt: skip
+        {
+            "kafka.bootstrap.servers": kafka.bootstrap_servers,
+            "group.id": group,
+            "subscribe": topic,
+            "startingOffsets": "earliest",
+            "joinTimeoutMs": "20000",
+            "closeCommitWaitMs": "0",
+            **extra,
+        }
+    )
 
 
 class FakeQuery:
     """Spark's micro-batch loop over one GroupReader; batches complete instantly."""
 
-    def __init__(self, reader: GroupReader, start: dict[str, Any] | None = None,
-                 max_rows: int | None = None) -> None:  # fmt: skip
+    def __init__(
+        self, reader: GroupReader, start: dict[str, Any] | None = None, max_rows: int | None = None
+    ) -> None:
         self.reader = reader
         self.max_rows = max_rows
         self.start = reader.initial_offset() if start is None else start
@@ -156,11 +163,19 @@ def test_revocation_between_batches_hands_off_exactly(embedded_kafka: EmbeddedKa
             assert offset == sink_at[int(key.split(":")[1])]
         produce(embedded_kafka, topic, PARTS, 30, "c")
         total = len(all_records(embedded_kafka, topic, PARTS))
-        wait_for(lambda: (query.trigger() or True)
-                 and len(set(query.sink) | set(other.records)) == total, 30, "all")  # fmt: skip
+        wait_for(
+            lambda: (
+                (query.trigger() or True) and len(set(query.sink) | set(other.records)) == total
+            ),
+            30,
+            "all",
+        )
         other.close()
-        wait_for(lambda: (query.trigger() or True) and len(reader.owned) == PARTS, 30,
-                 "the partitions coming back")  # fmt: skip
+        wait_for(
+            lambda: (query.trigger() or True) and len(reader.owned) == PARTS,
+            30,
+            "the partitions coming back",
+        )
         produce(embedded_kafka, topic, PARTS, 30, "d")
         query.drain()
         produced = all_records(embedded_kafka, topic, PARTS)
@@ -285,8 +300,9 @@ def test_starting_offsets_apply_where_the_group_has_no_commit(
         json.dumps({topic: {"0": 3, "1": -1, "2": -2}}): {0: 3, 1: 10, 2: 0, 3: 0},
     }
     for i, (spec, expected) in enumerate(cases.items()):
-        reader = GroupReader(options(embedded_kafka, f"gr-starting-{i}", topic,
-                                     startingOffsets=spec))  # fmt: skip
+        reader = GroupReader(
+            options(embedded_kafka, f"gr-starting-{i}", topic, startingOffsets=spec)
+        )
         try:
             initial = SourceOffset.from_json(reader.initial_offset())
             assert {p: o for (_, p), o in initial.positions.items()} == expected, spec
@@ -372,10 +388,17 @@ def test_new_topic_matching_the_pattern_starts_at_earliest(embedded_kafka: Embed
     group = "gr-pattern-g"
     embedded_kafka.create_topic("grpat-a", partitions=2)
     produce(embedded_kafka, "grpat-a", 2, 5, "a")
-    reader = GroupReader(SourceOptions.parse(
-        {"kafka.bootstrap.servers": embedded_kafka.bootstrap_servers, "group.id": group,
-         "subscribePattern": "grpat-.*", "startingOffsets": "latest", "joinTimeoutMs": "20000"}
-    ))  # fmt: skip
+    reader = GroupReader(
+        SourceOptions.parse(
+            {
+                "kafka.bootstrap.servers": embedded_kafka.bootstrap_servers,
+                "group.id": group,
+                "subscribePattern": "grpat-.*",
+                "startingOffsets": "latest",
+                "joinTimeoutMs": "20000",
+            }
+        )
+    )
     try:
         query = FakeQuery(reader)
         assert query.positions() == {0: 5, 1: 5}  # latest for the topic present at start
@@ -411,8 +434,9 @@ def test_starting_offsets_by_timestamp_and_strategy(embedded_kafka: EmbeddedKafk
     del producer  # no librdkafka reconnect noise after the module's cluster stops
 
     def initial(**extra: str) -> dict[int, int]:
-        reader = GroupReader(options(embedded_kafka, f"gr-bytime-{len(extra)}-{sorted(extra)}",
-                                     topic, **extra))  # fmt: skip
+        reader = GroupReader(
+            options(embedded_kafka, f"gr-bytime-{len(extra)}-{sorted(extra)}", topic, **extra)
+        )
         try:
             start = SourceOffset.from_json(reader.initial_offset())
             return {p: o for (_, p), o in start.positions.items()}
@@ -423,16 +447,18 @@ def test_starting_offsets_by_timestamp_and_strategy(embedded_kafka: EmbeddedKafk
     # strategies and precedence are tested here, the lookups themselves on a real broker.
     by_ts = json.dumps({topic: {"0": base + 6500}})
     # Partition 1 is not listed: startingOffsets (earliest here) applies to it.
-    assert initial(startingOffsetsByTimestamp=by_ts,
-                   startingOffsetsByTimestampStrategy="latest") == {0: 10, 1: 0}  # fmt: skip
+    assert initial(
+        startingOffsetsByTimestamp=by_ts, startingOffsetsByTimestampStrategy="latest"
+    ) == {0: 10, 1: 0}
     with pytest.raises(ValueError, match=r"startingOffsetsByTimestamp: no record .*bytime\[0\]"):
         initial(startingOffsetsByTimestamp=by_ts)
     future = str(base + 10_000_000)
     with pytest.raises(ValueError, match=r"startingTimestamp: no record at or after .*bytime\[0\]"):
         initial(startingTimestamp=future)
     assert initial(startingTimestamp=future, startingOffsetsByTimestampStrategy="latest") == {
-        0: 10, 1: 10,
-    }  # fmt: skip
+        0: 10,
+        1: 10,
+    }
 
 
 def test_min_offsets_per_trigger_waits_for_rows_or_the_delay(
@@ -442,8 +468,9 @@ def test_min_offsets_per_trigger_waits_for_rows_or_the_delay(
 
     topic, group = "gr-minrows", "gr-minrows-g"
     embedded_kafka.create_topic(topic, partitions=2)
-    reader = GroupReader(options(embedded_kafka, group, topic, minOffsetsPerTrigger="50",
-                                 maxTriggerDelay="3s"))  # fmt: skip
+    reader = GroupReader(
+        options(embedded_kafka, group, topic, minOffsetsPerTrigger="50", maxTriggerDelay="3s")
+    )
     try:
         start = reader.initial_offset()
         produce(embedded_kafka, topic, 2, 10, "a")  # 20 < 50
@@ -458,8 +485,11 @@ def test_min_offsets_per_trigger_waits_for_rows_or_the_delay(
             json.dumps(end)
         )
         held = _time.monotonic()
-        wait_for(lambda: json.dumps(reader.latest_offset(end, min_rows=50)) != json.dumps(end),
-                 20, "maxTriggerDelay releasing the small batch")  # fmt: skip
+        wait_for(
+            lambda: json.dumps(reader.latest_offset(end, min_rows=50)) != json.dumps(end),
+            20,
+            "maxTriggerDelay releasing the small batch",
+        )
         assert _time.monotonic() - held >= 1.0
     finally:
         reader.close()
@@ -474,25 +504,35 @@ def test_unreachable_broker_or_missing_topic_fail_at_start(embedded_kafka: Embed
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         dead = f"127.0.0.1:{s.getsockname()[1]}"  # nothing listens there once closed
-    reader = GroupReader(SourceOptions.parse(
-        {"kafka.bootstrap.servers": dead, "group.id": "g", "subscribe": "t",
-         "joinTimeoutMs": "2000"}
-    ))  # fmt: skip
+    reader = GroupReader(
+        SourceOptions.parse(
+            {
+                "kafka.bootstrap.servers": dead,
+                "group.id": "g",
+                "subscribe": "t",
+                "joinTimeoutMs": "2000",
+            }
+        )
+    )
     began = _time.monotonic()
     try:
-        with pytest.raises(SourceStartupError,
-                           match=rf"no Kafka broker answered at kafka.bootstrap.servers={dead} "
-                                 r"within 2000 ms \(joinTimeoutMs\)"):  # fmt: skip
+        with pytest.raises(
+            SourceStartupError,
+            match=rf"no Kafka broker answered at kafka.bootstrap.servers={dead} "
+            r"within 2000 ms \(joinTimeoutMs\)",
+        ):
             reader.initial_offset()
         assert _time.monotonic() - began < 15
     finally:
         reader.close()
     embedded_kafka.create_topic("gr-exists", partitions=1)
-    reader = GroupReader(options(embedded_kafka, "gr-missing-g", "gr-exists,gr-nope",
-                                 joinTimeoutMs="1500"))  # fmt: skip
+    reader = GroupReader(
+        options(embedded_kafka, "gr-missing-g", "gr-exists,gr-nope", joinTimeoutMs="1500")
+    )
     try:
-        with pytest.raises(SourceStartupError,
-                           match=r"subscribed topic\(s\) \['gr-nope'\] do not exist"):  # fmt: skip
+        with pytest.raises(
+            SourceStartupError, match=r"subscribed topic\(s\) \['gr-nope'\] do not exist"
+        ):
             reader.initial_offset()
         assert reader.member is None  # never joined the group
     finally:
@@ -506,9 +546,13 @@ def test_assign_reads_fixed_partitions_and_commits_without_membership(
     embedded_kafka.create_topic(topic, partitions=3)
     produce(embedded_kafka, topic, 3, 10, "a")
     opts = SourceOptions.parse(
-        {"kafka.bootstrap.servers": embedded_kafka.bootstrap_servers, "group.id": group,
-         "assign": json.dumps({topic: [0, 2]}), "startingOffsets": "earliest"}
-    )  # fmt: skip
+        {
+            "kafka.bootstrap.servers": embedded_kafka.bootstrap_servers,
+            "group.id": group,
+            "assign": json.dumps({topic: [0, 2]}),
+            "startingOffsets": "earliest",
+        }
+    )
     reader = GroupReader(opts)
     try:
         query = FakeQuery(reader)
@@ -535,8 +579,11 @@ def test_a_batch_reported_durable_is_committed_at_once(embedded_kafka: EmbeddedK
         assert committed(embedded_kafka, group, topic, 2) == {0: 0, 1: 0}
         assert not reader.durable({"other": {"0": 1}, "@meta": {"member": "x"}})
         assert progress.publish(json.dumps(end)) == reader.member.member_id
-        wait_for(lambda: committed(embedded_kafka, group, topic, 2) == {0: 10, 1: 10}, 10,
-                 "the watcher committing the reported batch")  # fmt: skip
+        wait_for(
+            lambda: committed(embedded_kafka, group, topic, 2) == {0: 10, 1: 10},
+            10,
+            "the watcher committing the reported batch",
+        )
     finally:
         reader.close()
     assert progress.read(member_id) is None  # the report is removed when the member leaves

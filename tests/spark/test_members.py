@@ -67,10 +67,14 @@ def test_two_members_and_a_third_consumer(
             for row in zip(cols["topic"], cols["partition"], cols["offset"], strict=True):
                 f.write(json.dumps(row) + "\n")
 
-    config = {"bootstrap.servers": embedded_kafka.bootstrap_servers, "group.id": group,
-              "auto.offset.reset": "earliest"}  # fmt: skip
-    job = run_group_members(spark, config, [topic], process, members=2,
-                            control_dir=tmp_path / "ctl", batch_size=50)  # fmt: skip
+    config = {
+        "bootstrap.servers": embedded_kafka.bootstrap_servers,
+        "group.id": group,
+        "auto.offset.reset": "earliest",
+    }
+    job = run_group_members(
+        spark, config, [topic], process, members=2, control_dir=tmp_path / "ctl", batch_size=50
+    )
     third: PlainMember | None = None
     try:
         wait_for(lambda: len(set(written(out))) == 600, 90, "the members reading the backlog")
@@ -79,8 +83,11 @@ def test_two_members_and_a_third_consumer(
         produce(embedded_kafka, topic, PARTS, 100, "b")
         wait_for(lambda: len(set(written(out)) | set(third.records)) == 1200, 60, "round two")
         # Progress files are rewritten every 0.2 s; each member owns 2 partitions by now.
-        wait_for(lambda: len([p for p in job.progress().values() if p["records"] > 0]) == 2,
-                 10, "both members processing")  # fmt: skip
+        wait_for(
+            lambda: len([p for p in job.progress().values() if p["records"] > 0]) == 2,
+            10,
+            "both members processing",
+        )
         third.close()
         produce(embedded_kafka, topic, PARTS, 50, "c")
         wait_for(lambda: len(set(written(out)) | set(third.records)) == 1500, 60, "round three")
@@ -116,17 +123,30 @@ def test_two_members_and_a_third_consumer(
         if e["kind"] != "revoke-start":
             continue
         revocations += 1
-        done = next(d for d in events[i:] if d["kind"] == "revoke-done"
-                    and d["member"] == e["member"])  # fmt: skip
-        syncs = [c for c in events if c["kind"] == "commit" and c["member"] == e["member"]
-                 and e["t"] <= c["t"] <= done["t"] and c["sync"]]  # fmt: skip
+        done = next(
+            d for d in events[i:] if d["kind"] == "revoke-done" and d["member"] == e["member"]
+        )
+        syncs = [
+            c
+            for c in events
+            if c["kind"] == "commit"
+            and c["member"] == e["member"]
+            and e["t"] <= c["t"] <= done["t"]
+            and c["sync"]
+        ]
         at_revoke = {k: v for c in syncs for k, v in c["offsets"].items()}
         before = events[:i]
         for part in e["partitions"]:
-            spans = [x["spans"][part] for x in before if x["member"] == e["member"]
-                     and x["kind"] == "processed" and part in x["spans"]]  # fmt: skip
-            earlier = [c["offsets"][part] for c in before if c["member"] == e["member"]
-                       and c["kind"] == "commit" and part in c["offsets"]]  # fmt: skip
+            spans = [
+                x["spans"][part]
+                for x in before
+                if x["member"] == e["member"] and x["kind"] == "processed" and part in x["spans"]
+            ]
+            earlier = [
+                c["offsets"][part]
+                for c in before
+                if c["member"] == e["member"] and c["kind"] == "commit" and part in c["offsets"]
+            ]
             if spans:  # it processed records: committed up to them, at revoke time at the latest
                 last = max(s[1] for s in spans) + 1
                 assert at_revoke.get(part, max(earlier, default=-1)) == last, (part, last)
@@ -151,17 +171,35 @@ def test_members_stop_after_max_records_or_a_duration(
     topic, group = "m-stop", "m-stop-g"
     embedded_kafka.create_topic(topic, partitions=2)
     produce(embedded_kafka, topic, 2, 150, "a")
-    config = {"bootstrap.servers": embedded_kafka.bootstrap_servers, "group.id": group,
-              "auto.offset.reset": "earliest"}  # fmt: skip
-    job = run_group_members(spark, config, [topic], lambda batch: None, members=1,
-                            max_records=100, batch_size=40, control_dir=tmp_path / "a")  # fmt: skip
+    config = {
+        "bootstrap.servers": embedded_kafka.bootstrap_servers,
+        "group.id": group,
+        "auto.offset.reset": "earliest",
+    }
+    job = run_group_members(
+        spark,
+        config,
+        [topic],
+        lambda batch: None,
+        members=1,
+        max_records=100,
+        batch_size=40,
+        control_dir=tmp_path / "a",
+    )
     (report,) = job.wait(timeout=60)
     assert report.stopped_by == "max_records"
     assert 100 <= report.records < 300 and report.commits >= 1
     # What it processed is exactly what it committed before leaving.
     assert sum(committed(embedded_kafka, group, topic, 2).values()) == report.records
-    job = run_group_members(spark, config, [topic], lambda batch: None, members=1,
-                            stop_after_s=2.0, control_dir=tmp_path / "b")  # fmt: skip
+    job = run_group_members(
+        spark,
+        config,
+        [topic],
+        lambda batch: None,
+        members=1,
+        stop_after_s=2.0,
+        control_dir=tmp_path / "b",
+    )
     (report,) = job.wait(timeout=60)
     assert report.stopped_by == "stop_after_s"
     assert committed(embedded_kafka, group, topic, 2) == {0: 150, 1: 150}
@@ -215,16 +253,28 @@ def test_a_killed_member_is_restarted_and_nothing_is_lost(
             for row in zip(cols["topic"], cols["partition"], cols["offset"], strict=True):
                 f.write(json.dumps(row) + "\n")
 
-    config = {"bootstrap.servers": embedded_kafka.bootstrap_servers, "group.id": group,
-              "auto.offset.reset": "earliest"}  # fmt: skip
-    job = run_group_members(spark, config, [topic], process, members=2, batch_size=50,
-                            control_dir=tmp_path / "ctl", restart_backoff_s=(0.5, 2.0))  # fmt: skip
+    config = {
+        "bootstrap.servers": embedded_kafka.bootstrap_servers,
+        "group.id": group,
+        "auto.offset.reset": "earliest",
+    }
+    job = run_group_members(
+        spark,
+        config,
+        [topic],
+        process,
+        members=2,
+        batch_size=50,
+        control_dir=tmp_path / "ctl",
+        restart_backoff_s=(0.5, 2.0),
+    )
     try:
         wait_for(lambda: len(set(written(out))) == 600, 120, "both members reading")
 
         def starts(member: int) -> list[int]:
-            return [e["pid"] for e in job.events() if e["kind"] == "start"
-                    and e["member"] == member]  # fmt: skip
+            return [
+                e["pid"] for e in job.events() if e["kind"] == "start" and e["member"] == member
+            ]
 
         wait_for(lambda: starts(0) and starts(1), 30, "both members started")
         victim = starts(0)[-1]
@@ -232,11 +282,17 @@ def test_a_killed_member_is_restarted_and_nothing_is_lost(
         killed_at = time.time()
         produce(embedded_kafka, topic, PARTS, 100, "b")
         wait_for(lambda: len(starts(0)) >= 2, 120, "member 0 restarted")
-        wait_for(lambda: any(e["kind"] == "assign" and e["pid"] == starts(0)[-1]
-                             for e in job.events()), 120, "member 0 back in the group")  # fmt: skip
+        wait_for(
+            lambda: any(e["kind"] == "assign" and e["pid"] == starts(0)[-1] for e in job.events()),
+            120,
+            "member 0 back in the group",
+        )
         produce(embedded_kafka, topic, PARTS, 50, "c")
-        wait_for(lambda: set(written(out)) == all_records(embedded_kafka, topic, PARTS), 120,
-                 "every record processed")  # fmt: skip
+        wait_for(
+            lambda: set(written(out)) == all_records(embedded_kafka, topic, PARTS),
+            120,
+            "every record processed",
+        )
         reports = job.stop(timeout=90)
     finally:
         if job.running():

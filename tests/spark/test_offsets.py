@@ -70,10 +70,17 @@ def test_starting_offsets_forms() -> None:
 
 def test_options_parse_and_split_configs() -> None:
     opts = SourceOptions.parse(
-        {**BASE, "maxOffsetsPerTrigger": "10", "includeHeaders": "true", "minPartitions": "8",
-         "kafka.security.protocol": "PLAINTEXT", "kafka.fetch.wait.max.ms": "50",
-         "kafka.max.poll.interval.ms": "600000", "kafka.queued.min.messages": "1000"}
-    )  # fmt: skip
+        {
+            **BASE,
+            "maxOffsetsPerTrigger": "10",
+            "includeHeaders": "true",
+            "minPartitions": "8",
+            "kafka.security.protocol": "PLAINTEXT",
+            "kafka.fetch.wait.max.ms": "50",
+            "kafka.max.poll.interval.ms": "600000",
+            "kafka.queued.min.messages": "1000",
+        }
+    )
     assert (opts.max_offsets_per_trigger, opts.include_headers, opts.min_partitions) == (
         10,
         True,
@@ -89,8 +96,9 @@ def test_options_parse_and_split_configs() -> None:
     assert executor["auto.offset.reset"] == "error"
     assert "max.poll.interval.ms" not in executor and executor["fetch.wait.max.ms"] == "50"
     assert SourceOptions.parse({**BASE, "kafka.group.id": "g"}).group_id == "g"
-    pattern = SourceOptions.parse({**{k: v for k, v in BASE.items() if k != "subscribe"},
-                                   "subscribePattern": "orders-.*"})  # fmt: skip
+    pattern = SourceOptions.parse(
+        {**{k: v for k, v in BASE.items() if k != "subscribe"}, "subscribePattern": "orders-.*"}
+    )
     assert pattern.subscription == ["^orders-.*"]
 
 
@@ -117,8 +125,9 @@ def test_options_parse_and_split_configs() -> None:
         ({"startingOfsets": "earliest"}, r"unknown option\(s\) \['startingofsets'\]"),
     ],
 )
-def test_bad_options_are_rejected_with_the_option_name(extra: dict[str, str | None],
-                                                       message: str) -> None:  # fmt: skip
+def test_bad_options_are_rejected_with_the_option_name(
+    extra: dict[str, str | None], message: str
+) -> None:
     raw = {k: v for k, v in {**BASE, **extra}.items() if v is not None}
     with pytest.raises(ValueError, match=message):
         SourceOptions.parse(raw)
@@ -181,14 +190,30 @@ def test_every_option_is_implemented_or_rejected() -> None:
     spark_names = {o.name for o in SPARK_KAFKA_OPTIONS}
     # Spark 4.x structured-streaming-kafka-integration.md, source options.
     assert spark_names >= {
-        "assign", "subscribe", "subscribePattern", "kafka.bootstrap.servers",
-        "startingTimestamp", "startingOffsetsByTimestamp", "startingOffsets",
-        "endingTimestamp", "endingOffsetsByTimestamp", "endingOffsets", "failOnDataLoss",
-        "kafkaConsumer.pollTimeoutMs", "fetchOffset.numRetries", "fetchOffset.retryIntervalMs",
-        "maxOffsetsPerTrigger", "minOffsetsPerTrigger", "maxTriggerDelay", "minPartitions",
-        "maxRecordsPerPartition", "groupIdPrefix", "kafka.group.id", "includeHeaders",
+        "assign",
+        "subscribe",
+        "subscribePattern",
+        "kafka.bootstrap.servers",
+        "startingTimestamp",
+        "startingOffsetsByTimestamp",
+        "startingOffsets",
+        "endingTimestamp",
+        "endingOffsetsByTimestamp",
+        "endingOffsets",
+        "failOnDataLoss",
+        "kafkaConsumer.pollTimeoutMs",
+        "fetchOffset.numRetries",
+        "fetchOffset.retryIntervalMs",
+        "maxOffsetsPerTrigger",
+        "minOffsetsPerTrigger",
+        "maxTriggerDelay",
+        "minPartitions",
+        "maxRecordsPerPartition",
+        "groupIdPrefix",
+        "kafka.group.id",
+        "includeHeaders",
         "startingOffsetsByTimestampStrategy",
-    }  # fmt: skip
+    }
     docs = (Path(__file__).resolve().parents[2] / "docs" / "spark.md").read_text()
     for info in SPARK_KAFKA_OPTIONS + KIP848_OPTIONS:
         assert f"| `{info.name}`" in docs, f"docs/spark.md lacks a row for {info.name}"
@@ -228,10 +253,14 @@ def test_every_option_is_implemented_or_rejected() -> None:
 
 def test_batch_and_assign_options() -> None:
     opts = SourceOptions.parse(
-        {"kafka.bootstrap.servers": "h:1", "assign": '{"a": [1, 0], "b": [2]}',
-         "startingOffsetsByTimestamp": '{"a": {"0": 10}}', "endingOffsets": '{"a": {"0": 7}}'},
+        {
+            "kafka.bootstrap.servers": "h:1",
+            "assign": '{"a": [1, 0], "b": [2]}',
+            "startingOffsetsByTimestamp": '{"a": {"0": 10}}',
+            "endingOffsets": '{"a": {"0": 7}}',
+        },
         batch=True,
-    )  # fmt: skip
+    )
     assert opts.assign == (("a", 0), ("a", 1), ("b", 2)) and not opts.membership
     assert opts.starting_offsets == "earliest" and opts.group_id is None
     assert opts.starting_by_timestamp == {("a", 0): 10} and opts.ending_offsets == {("a", 0): 7}

@@ -48,8 +48,10 @@ def events(path: Path) -> list[dict[str, Any]]:
 
 
 def memory_rows(spark: Any, name: str) -> list[Record]:
-    return [(r.topic, r.partition, r.offset) for r in
-            spark.sql(f"select topic, partition, offset from {name}").collect()]  # fmt: skip
+    return [
+        (r.topic, r.partition, r.offset)
+        for r in spark.sql(f"select topic, partition, offset from {name}").collect()
+    ]
 
 
 def parquet_rows(spark: Any, path: Path) -> list[Record]:
@@ -83,20 +85,31 @@ def test_schema_is_the_kafka_source_schema(spark: Any, embedded_kafka: EmbeddedK
 
     embedded_kafka.create_topic("src-schema", partitions=1)
     plain = reader(spark, embedded_kafka, "src-schema-g", "src-schema")
-    with_headers = reader(spark, embedded_kafka, "src-schema-g", "src-schema",
-                          includeHeaders="true")  # fmt: skip
+    with_headers = reader(
+        spark, embedded_kafka, "src-schema-g", "src-schema", includeHeaders="true"
+    )
     assert plain.schema == StructType.fromDDL(kafka_schema())
     assert [f.name for f in plain.schema] == [
-        "key", "value", "topic", "partition", "offset", "timestamp", "timestampType",
-    ]  # fmt: skip
+        "key",
+        "value",
+        "topic",
+        "partition",
+        "offset",
+        "timestamp",
+        "timestampType",
+    ]
     assert with_headers.schema.simpleString().endswith(
         "headers:array<struct<key:string,value:binary>>>"
     )
     for include, df in ((False, plain), (True, with_headers)):
         assert arrow_schema(include).equals(to_arrow_schema(df.schema, timezone="UTC"))
     with pytest.raises(Exception, match="exactly one of subscribe, subscribePattern or assign"):
-        (spark.readStream.format("kip848").option("kafka.bootstrap.servers", "127.0.0.1:1")
-         .option("group.id", "g").load())  # fmt: skip
+        (
+            spark.readStream.format("kip848")
+            .option("kafka.bootstrap.servers", "127.0.0.1:1")
+            .option("group.id", "g")
+            .load()
+        )
 
 
 def test_available_now_with_rate_limit_headers_and_min_partitions(
@@ -105,14 +118,30 @@ def test_available_now_with_rate_limit_headers_and_min_partitions(
     topic, group = "src-avail", "src-avail-g"
     embedded_kafka.create_topic(topic, partitions=PARTS)
     for p in range(PARTS):
-        embedded_kafka.produce(topic, [(f"k{i}", f"v{p}-{i}") for i in range(250)],
-                               partition=p, headers=[("origin", b"test")])  # fmt: skip
+        embedded_kafka.produce(
+            topic,
+            [(f"k{i}", f"v{p}-{i}") for i in range(250)],
+            partition=p,
+            headers=[("origin", b"test")],
+        )
     log = tmp_path / "events.jsonl"
-    df = reader(spark, embedded_kafka, group, topic, maxOffsetsPerTrigger=300,
-                includeHeaders="true", minPartitions=8, eventLog=str(log))  # fmt: skip
-    query = (df.writeStream.format("memory").queryName("src_avail")
-             .option("checkpointLocation", str(tmp_path / "ck"))
-             .trigger(availableNow=True).start())  # fmt: skip
+    df = reader(
+        spark,
+        embedded_kafka,
+        group,
+        topic,
+        maxOffsetsPerTrigger=300,
+        includeHeaders="true",
+        minPartitions=8,
+        eventLog=str(log),
+    )
+    query = (
+        df.writeStream.format("memory")
+        .queryName("src_avail")
+        .option("checkpointLocation", str(tmp_path / "ck"))
+        .trigger(availableNow=True)
+        .start()
+    )
     try:
         assert query.awaitTermination(120), "the availableNow query did not finish"
         assert query.exception() is None
@@ -146,24 +175,38 @@ def test_query_shares_the_group_with_a_plain_consumer(
     produce(embedded_kafka, topic, PARTS, 50, "a")
     log = tmp_path / "events.jsonl"
     df = reader(spark, embedded_kafka, group, topic, eventLog=str(log))
-    query = (df.select("topic", "partition", "offset").writeStream.format("memory")
-             .queryName("src_share").option("checkpointLocation", str(tmp_path / "ck"))
-             .trigger(processingTime="300 milliseconds").start())  # fmt: skip
+    query = (
+        df.select("topic", "partition", "offset")
+        .writeStream.format("memory")
+        .queryName("src_share")
+        .option("checkpointLocation", str(tmp_path / "ck"))
+        .trigger(processingTime="300 milliseconds")
+        .start()
+    )
     other: PlainMember | None = None
     try:
         wait_for(lambda: len(memory_rows(spark, "src_share")) == 200, 90, "the first records")
         other = PlainMember(embedded_kafka, group, topic)
         wait_for(lambda: other is not None and len(other.owned) == 2, 30, "a 2/2 split")
         produce(embedded_kafka, topic, PARTS, 50, "b")
-        wait_for(lambda: len(set(memory_rows(spark, "src_share")) | set(other.records)) == 400,
-                 60, "the second round read by both")  # fmt: skip
+        wait_for(
+            lambda: len(set(memory_rows(spark, "src_share")) | set(other.records)) == 400,
+            60,
+            "the second round read by both",
+        )
         assert {p for _, p, o in other.records} == other.owned
         other.close()
-        wait_for(lambda: len([e for e in events(log) if e["kind"] == "assign"]) >= 2, 30,
-                 "the partitions coming back")  # fmt: skip
+        wait_for(
+            lambda: len([e for e in events(log) if e["kind"] == "assign"]) >= 2,
+            30,
+            "the partitions coming back",
+        )
         produce(embedded_kafka, topic, PARTS, 50, "c")
-        wait_for(lambda: len(set(memory_rows(spark, "src_share")) | set(other.records)) == 600,
-                 60, "the third round")  # fmt: skip
+        wait_for(
+            lambda: len(set(memory_rows(spark, "src_share")) | set(other.records)) == 600,
+            60,
+            "the third round",
+        )
         sink = memory_rows(spark, "src_share")
         produced = all_records(embedded_kafka, topic, PARTS)
         # After the other member left, the query read every partition again.
@@ -193,21 +236,30 @@ def test_committed_offsets_match_the_sink_after_each_batch(
 
     def write(batch: Any, batch_id: int) -> None:
         # Inside the query: Kafka must hold exactly what the sink held before this batch.
-        seen.append((batch_id, committed(embedded_kafka, group, topic, PARTS),
-                     sink_positions(sink)))  # fmt: skip
-        sink.extend((r.topic, r.partition, r.offset)
-                    for r in batch.select("topic", "partition", "offset").collect())  # fmt: skip
+        seen.append(
+            (batch_id, committed(embedded_kafka, group, topic, PARTS), sink_positions(sink))
+        )
+        sink.extend(
+            (r.topic, r.partition, r.offset)
+            for r in batch.select("topic", "partition", "offset").collect()
+        )
 
     df = reader(spark, embedded_kafka, group, topic, maxOffsetsPerTrigger=50)
-    query = (df.writeStream.foreachBatch(write)
-             .option("checkpointLocation", str(tmp_path / "ck"))
-             .trigger(processingTime="200 milliseconds").start())  # fmt: skip
+    query = (
+        df.writeStream.foreachBatch(write)
+        .option("checkpointLocation", str(tmp_path / "ck"))
+        .trigger(processingTime="200 milliseconds")
+        .start()
+    )
     try:
         wait_for(lambda: len(sink) == 160, 90, "the first round")
         produce(embedded_kafka, topic, PARTS, 40, "b")
         wait_for(lambda: len(sink) == 320, 60, "the second round")
-        wait_for(lambda: committed(embedded_kafka, group, topic, PARTS) == sink_positions(sink),
-                 20, "the last batch's commit")  # fmt: skip
+        wait_for(
+            lambda: committed(embedded_kafka, group, topic, PARTS) == sink_positions(sink),
+            20,
+            "the last batch's commit",
+        )
     finally:
         stop(query)
     assert len(sink) == len(set(sink)) == 320
@@ -220,8 +272,7 @@ def test_committed_offsets_match_the_sink_after_each_batch(
     assert committed(embedded_kafka, group, topic, PARTS) == sink_positions(sink)
 
 
-def _restart_case(spark: Any, kafka: EmbeddedKafka, tmp_path: Path, name: str,
-                  kill: bool) -> None:  # fmt: skip
+def _restart_case(spark: Any, kafka: EmbeddedKafka, tmp_path: Path, name: str, kill: bool) -> None:
     topic, group = f"src-{name}", f"src-{name}-g"
     kafka.create_topic(topic, partitions=PARTS)
     produce(kafka, topic, PARTS, 100, "a")
@@ -229,9 +280,14 @@ def _restart_case(spark: Any, kafka: EmbeddedKafka, tmp_path: Path, name: str,
 
     def start() -> Any:
         df = reader(spark, kafka, group, topic, maxOffsetsPerTrigger=60, eventLog=str(log))
-        return (df.select("topic", "partition", "offset", "value").writeStream.format("parquet")
-                .option("path", str(out)).option("checkpointLocation", ck)
-                .trigger(processingTime="200 milliseconds").start())  # fmt: skip
+        return (
+            df.select("topic", "partition", "offset", "value")
+            .writeStream.format("parquet")
+            .option("path", str(out))
+            .option("checkpointLocation", ck)
+            .trigger(processingTime="200 milliseconds")
+            .start()
+        )
 
     query = start()
     try:
@@ -247,8 +303,11 @@ def _restart_case(spark: Any, kafka: EmbeddedKafka, tmp_path: Path, name: str,
         produce(kafka, topic, PARTS, 50, "b")
         query = start()
         # Kafka commits only what the sink durably holds: all committed means all written.
-        wait_for(lambda: committed(kafka, group, topic, PARTS) == dict.fromkeys(range(PARTS), 150),
-                 120, "every record after the restart")  # fmt: skip
+        wait_for(
+            lambda: committed(kafka, group, topic, PARTS) == dict.fromkeys(range(PARTS), 150),
+            120,
+            "every record after the restart",
+        )
     finally:
         stop(query)
     rows = parquet_rows(spark, out)
@@ -279,8 +338,12 @@ def test_stopped_query_leaves_the_group(
     produce(kafka, topic, PARTS, 10, "a")
     log = tmp_path / "events.jsonl"
     df = reader(spark, kafka, group, topic, eventLog=str(log))
-    query = (df.writeStream.format("noop").option("checkpointLocation", str(tmp_path / "ck"))
-             .trigger(processingTime="300 milliseconds").start())  # fmt: skip
+    query = (
+        df.writeStream.format("noop")
+        .option("checkpointLocation", str(tmp_path / "ck"))
+        .trigger(processingTime="300 milliseconds")
+        .start()
+    )
     try:
         wait_for(lambda: input_rows(query) == 40, 90, "the first batch")
     finally:
@@ -305,8 +368,13 @@ def test_the_pickled_reader_carries_no_member(embedded_kafka: EmbeddedKafka) -> 
 
     topic = "src-pickle"
     embedded_kafka.create_topic(topic, partitions=2)
-    source = Kip848DataSource({"kafka.bootstrap.servers": embedded_kafka.bootstrap_servers,
-                               "group.id": "src-pickle-g", "subscribe": topic})  # fmt: skip
+    source = Kip848DataSource(
+        {
+            "kafka.bootstrap.servers": embedded_kafka.bootstrap_servers,
+            "group.id": "src-pickle-g",
+            "subscribe": topic,
+        }
+    )
     reader = source.streamReader(source.schema())
     assert reader.reader_id not in driver._registry  # nothing happens in __init__
     initial = reader.initialOffset()  # creates and joins the member, in this process
