@@ -23,15 +23,15 @@ fixtures start it.
 
 from __future__ import annotations
 
-from consumer_sdk.testing._embedded import EmbeddedKafka, EmbeddedKafkaError, MockRequest
-from consumer_sdk.testing._helpers import close_client, wait_until
-from consumer_sdk.testing.kafka_cluster import (
-    DockerKafka,
+from consumer_sdk.testing._cluster_ops import (
     GroupDescription,
     GroupMemberDescription,
-    KafkaCluster,
     KafkaClusterError,
 )
+from consumer_sdk.testing._embedded import EmbeddedKafka, EmbeddedKafkaError, MockRequest
+from consumer_sdk.testing._helpers import close_client, wait_until
+from consumer_sdk.testing.docker_kafka import DockerKafka
+from consumer_sdk.testing.kafka_cluster import KafkaCluster
 
 __all__ = [
     "DockerKafka",

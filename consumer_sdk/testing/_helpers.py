@@ -1,8 +1,9 @@
-"""Small helpers for tests that drive real clients against EmbeddedKafka."""
+"""Small helpers for tests that drive real clients against EmbeddedKafka or a real Kafka."""
 
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -53,3 +54,17 @@ def close_client(client: Any, timeout: float = 10.0) -> bool:
     if errors:
         logger.warning("%r.close() raised %r", client, errors[0])
     return True
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct ports of 127.0.0.1 that were free a moment ago."""
+    sockets = []
+    try:
+        for _ in range(count):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            sockets.append(s)
+        return [int(s.getsockname()[1]) for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()

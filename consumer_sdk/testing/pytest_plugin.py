@@ -44,13 +44,9 @@ from typing import Any
 import pytest
 
 from consumer_sdk.testing._embedded import EmbeddedKafka
-from consumer_sdk.testing.kafka_cluster import (
-    DockerKafka,
-    KafkaCluster,
-    _terminate_all,
-    docker_unavailable_reason,
-    leaked_kafka_jvms,
-)
+from consumer_sdk.testing._jvm import leaked_kafka_jvms, terminate_registered
+from consumer_sdk.testing.docker_kafka import DockerKafka, docker_unavailable_reason
+from consumer_sdk.testing.kafka_cluster import KafkaCluster
 
 REAL_FIXTURES = frozenset({"real_kafka", "real_kafka_cluster"})
 _real_skip_reasons: set[str] = set()
@@ -175,9 +171,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         except OSError:
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
-    from consumer_sdk.testing import kafka_cluster
-
-    _terminate_all(list(kafka_cluster._ALL_PROCS.values()), 5.0)
+    terminate_registered(5.0)
     message = (
         f"KafkaCluster JVM(s) {leaked} were still running at the end of the session "
         "(a cluster was not closed): killed them"
