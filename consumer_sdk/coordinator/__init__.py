@@ -1,4 +1,4 @@
-"""A sans-IO model of the broker side of KIP-848 consumer groups (reference §9).
+"""A sans-IO model of the broker side of KIP-848 consumer groups (Kafka's group coordinator).
 
 `GroupCoordinator` answers ConsumerGroupHeartbeat requests with the group coordinator's
 rules — validation and error codes, group / assignment / member epochs, target assignment via

@@ -1,9 +1,10 @@
 """``GroupCoordinator``: a sans-IO model of the broker side of KIP-848 consumer groups.
 
-It answers ConsumerGroupHeartbeat (and validates OffsetCommit) the way the group coordinator
-does (reference §9): request validation, group / assignment / member epochs, target assignment
-through `consumer_sdk.assignors`, per-member reconciliation (`reconcile`), session and
-rebalance timeouts, static membership, leaves, subscription and topic metadata changes.
+It answers ConsumerGroupHeartbeat (and validates OffsetCommit) the way Kafka's group
+coordinator (``GroupMetadataManager``) does: request validation, group / assignment / member
+epochs, target assignment through `consumer_sdk.assignors`, per-member reconciliation
+(`reconcile`), session and rebalance timeouts, static membership, leaves, subscription and
+topic metadata changes.
 
 Nothing here reads a clock: every call takes ``now_ms``, and `GroupCoordinator.tick`
 fires the timers that are due.
@@ -828,7 +829,7 @@ class GroupCoordinator:
         instance_id: str | None = None,
         api_version: int = 9,
     ) -> dict[tuple[str, int], int]:
-        """Validate and store an OffsetCommit; returns an error code per partition (§9)."""
+        """Validate and store an OffsetCommit (member epoch checks); an error code per partition."""
         self._now = now_ms
         result: dict[tuple[str, int], int] = {}
 

@@ -1,4 +1,4 @@
-"""Server-side reconciliation of one member towards its target (reference §9).
+"""Server-side reconciliation of one member towards its target (Kafka's CurrentAssignmentBuilder).
 
 This is the coordinator's half of the guarantee that a partition is never given to a new owner
 before the old owner acknowledged its revocation:

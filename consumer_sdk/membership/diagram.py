@@ -14,7 +14,8 @@ HEADER = """\
 # Member state diagram
 
 Generated from `consumer_sdk.membership.state.TRANSITIONS`, the core's single transition table
-(reference §1), by `python -m consumer_sdk.membership.diagram --markdown > docs/state-diagram.md`.
+(the Java client's `MemberState` rules), by
+`python -m consumer_sdk.membership.diagram --markdown > docs/state-diagram.md`.
 Do not edit by hand: a test checks that this file matches the table.
 
 Each edge is labelled with what moves a member into its target state. Self-transitions are

@@ -1,4 +1,4 @@
-"""Heartbeat timing, content and error policy (reference §2-§4).
+"""Heartbeat timing, content and error policy (the Java client's heartbeat request manager).
 
 `HeartbeatRequestManager` decides when a ConsumerGroupHeartbeat goes out and what it
 carries, and turns responses and failures into membership transitions. It never does I/O: the
@@ -81,7 +81,7 @@ class _InFlight:
 
 
 class Backoff:
-    """Exponential backoff with jitter: ``base * 2**n``, capped at ``max_ms`` (reference §3)."""
+    """Exponential backoff with jitter: ``base * 2**n``, capped at ``max_ms``."""
 
     def __init__(self, base_ms: int, max_ms: int, jitter: float, rng: random.Random) -> None:
         self._base = base_ms
@@ -186,7 +186,7 @@ class HeartbeatTiming:
 
 @dataclass(slots=True)
 class _SentFields:
-    """What the last heartbeats carried, to send only changes (reference §2)."""
+    """What the last heartbeats carried, to send only changes (reset after errors)."""
 
     rebalance_timeout_ms: int | None = None
     subscription: tuple[tuple[str, ...], str] | None = None

@@ -1,6 +1,7 @@
 """The membership manager: member state, reconciliation, leave, fencing and fatal handling.
 
-It mirrors the Java client's ``ConsumerMembershipManager`` behaviour (reference §1, §5-§7) but
+It mirrors the Java client's ``ConsumerMembershipManager`` behaviour (states, reconciliation,
+leave, callbacks) but
 waits for the application thread through events instead of futures: a step that needs a
 callback or a commit emits `CallbacksNeeded` / `CommitNeeded` and resumes when
 `CallbackCompleted` / `CommitCompleted` comes back with the same id.
@@ -379,7 +380,7 @@ class MembershipManager:
     # ------------------------------------------------------------------------------------------
 
     def on_heartbeat_success(self, now_ms: int, response: HeartbeatResponse) -> None:
-        """Take the epoch and the assignment of a successful response (reference §4)."""
+        """Take the epoch and the assignment of a successful response (ignored out of the group)."""
         self._now = now_ms
         state = self._sm.state
         if state is S.LEAVING or state in NOT_IN_GROUP:
@@ -406,7 +407,7 @@ class MembershipManager:
             self._metrics.record_rebalance_failed(now_ms)
 
     def on_heartbeat_request_generated(self, now_ms: int) -> None:
-        """A heartbeat was built: ACKNOWLEDGING and LEAVING end here (reference §3)."""
+        """A heartbeat was built, which moves the state on: ACKNOWLEDGING and LEAVING end here."""
         self._now = now_ms
         state = self._sm.state
         if state is S.ACKNOWLEDGING:
@@ -516,7 +517,7 @@ class MembershipManager:
         self._to(S.LEAVING, "sending leave heartbeat" if epoch is not None else "leaving")
 
     # ------------------------------------------------------------------------------------------
-    # Reconciliation (reference §5)
+    # Reconciliation (the Java client's maybeReconcile: revoke first, then assign, then ack)
     # ------------------------------------------------------------------------------------------
 
     def maybe_reconcile(self, now_ms: int, can_commit: bool) -> None:
@@ -641,7 +642,7 @@ class MembershipManager:
         self._metadata_needed = True
 
     # ------------------------------------------------------------------------------------------
-    # Leave (reference §6)
+    # Leave (epoch -1, or -2 for a static member; close options; the poll timer)
     # ------------------------------------------------------------------------------------------
 
     def _leave_group(self, close: bool) -> None:

@@ -1,4 +1,4 @@
-"""Membership metrics (group ``consumer-coordinator-metrics``, reference §11), in virtual time.
+"""Membership metrics (the Java client's group ``consumer-coordinator-metrics``), in virtual time.
 
 Like Kafka's sensors, averages, maxima and rates are computed over a sliding window (two
 30-second samples by default, so 60 s), and ``*-total`` values are cumulative. An average or a

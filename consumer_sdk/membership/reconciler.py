@@ -1,4 +1,4 @@
-"""Assignment bookkeeping for reconciliation (reference §5).
+"""Assignment bookkeeping for reconciliation (target, current, local epoch, topic names).
 
 The reconciler holds the data; `MembershipManager`
 drives a pass through its steps (commit, revoke, assign, apply) because each step waits for the
@@ -153,7 +153,7 @@ class Reconciler:
     # -- resolution --------------------------------------------------------------------------
 
     def resolve(self, metadata: Mapping[uuid.UUID, str]) -> Resolution:
-        """Name the target's topics from metadata, then from the local cache (§5 step 2)."""
+        """Name the target's topics from metadata, then from the local cache of assigned names."""
         assigned: set[AssignedPartition] = set()
         resolved: set[IdPartition] = set()
         unresolved: set[uuid.UUID] = set()

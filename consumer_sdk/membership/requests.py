@@ -3,7 +3,8 @@
 Each follows the shape of `HeartbeatRequestManager`:
 the host calls ``poll(now_ms, ...)`` for the requests to send now, sends them, and reports each
 outcome once with ``on_response`` or ``on_failure``; ``time_until_next_poll`` says how long it
-may wait. Nothing here does I/O or reads a clock (reference §3, §8 for the policies).
+may wait. Nothing here does I/O or reads a clock. The policies are the Java client's
+(``CoordinatorRequestManager``, ``CommitRequestManager``).
 """
 
 from __future__ import annotations
@@ -127,7 +128,7 @@ class FindCoordinatorSend:
 
 class CoordinatorManager:
     """Finds the group coordinator: one FindCoordinator at a time, only while it is unknown
-    and wanted, with exponential backoff and jitter between failed attempts (reference §8)."""
+    and wanted, with exponential backoff and jitter between failed attempts."""
 
     def __init__(self, group_id: str, backoff: Backoff) -> None:
         self.group_id = group_id
@@ -293,7 +294,7 @@ class OffsetLike(Protocol):
 
 
 class CommitKind(enum.Enum):
-    """Who asked, which sets the retry policy (reference §8)."""
+    """Who asked, which sets the retry policy (see each value)."""
 
     SYNC = "SYNC"  # commit(asynchronous=False): retries retriable errors until its deadline
     ASYNC = "ASYNC"  # commit(): never retries a rejected request

@@ -1,4 +1,4 @@
-"""Member states and the one transition table (reference §1).
+"""Member states and the one transition table (the Java client's ``MemberState``).
 
 ``TRANSITIONS`` is the single source of truth: every state change in the core goes through
 `StateMachine.transition`, which checks it against the table, and the Mermaid diagram in

@@ -669,7 +669,7 @@ class GroupMember:
     def _fetch_committed(
         self, partitions: list[Partition], timeout: float
     ) -> dict[Partition, OffsetAndMetadata | None]:
-        """OffsetFetch with the reference policy (§8): coordinator and other retriable errors,
+        """OffsetFetch with the Java client's retry policy: coordinator and other retriable errors,
         and STALE_MEMBER_EPOCH (the next attempt carries the epoch of the next heartbeat), are
         retried with backoff until ``timeout``; other errors are raised."""
         deadline = time.monotonic() + timeout

@@ -66,7 +66,7 @@ E = ErrorCode
 #: Builds the core of one member incarnation: ``(config, rng) -> GroupMembership``.
 CoreFactory = Callable[[MembershipConfig, random.Random], GroupMembership]
 
-#: Heartbeat error codes the client does not treat as fatal (reference §4).
+#: Heartbeat error codes the client does not treat as fatal (it retries or rejoins).
 NON_FATAL_CODES = frozenset(
     {
         E.NONE,

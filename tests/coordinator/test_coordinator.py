@@ -1,4 +1,4 @@
-"""Scenario tests of the coordinator model against the server rules of reference §9."""
+"""Scenario tests of the coordinator model against the group coordinator's server rules."""
 
 from __future__ import annotations
 

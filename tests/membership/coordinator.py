@@ -1,6 +1,6 @@
 """A small scripted group coordinator for driving membership cores in tests.
 
-It follows the server rules of reference §9 closely enough to check the client against them:
+It follows the group coordinator's server rules closely enough to check the client against them:
 request validation, epochs (join 0, leave -1, static leave -2, lost-response tolerance),
 a deterministic round-robin assignor, and the revoke-before-reassign rule — a partition is
 only given to a member once no other member holds it (assigned or pending revocation), and a

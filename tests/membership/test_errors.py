@@ -1,4 +1,4 @@
-"""The heartbeat error policy (reference §4), fencing and fatal errors in every state."""
+"""The heartbeat error policy, fencing and fatal errors in every state."""
 
 from __future__ import annotations
 

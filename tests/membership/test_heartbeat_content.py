@@ -1,4 +1,4 @@
-"""Heartbeat content: full vs delta, member id, subscription fields, the ack (reference §2)."""
+"""Heartbeat content: full vs delta, member id, subscription fields, the ack."""
 
 from __future__ import annotations
 

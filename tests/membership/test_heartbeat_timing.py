@@ -1,4 +1,4 @@
-"""Heartbeat timing: interval, immediate heartbeats, in-flight rule, backoff (reference §3)."""
+"""Heartbeat timing: interval, immediate heartbeats, in-flight rule, backoff."""
 
 from __future__ import annotations
 

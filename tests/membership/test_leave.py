@@ -1,4 +1,4 @@
-"""Leave, close options, static members, and the poll timer / STALE member (reference §6)."""
+"""Leave, close options, static members, and the poll timer / STALE member."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Metrics under the reference names (§11), computed from virtual time."""
+"""Metrics under the Java client's names, computed from virtual time."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Reconciliation (reference §5): ordering, commit gate, callbacks, aborts, metadata."""
+"""Reconciliation: ordering, commit gate, callbacks, aborts, metadata."""
 
 from __future__ import annotations
 

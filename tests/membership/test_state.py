@@ -1,4 +1,4 @@
-"""The transition table is the single source of truth (reference §1)."""
+"""The transition table is the single source of truth for member states."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Fault matrix: every ConsumerGroupHeartbeat error of the reference policy (§4), injected on
+"""Fault matrix: every ConsumerGroupHeartbeat error of the Java client's policy, injected on
 the coordinator while the member is JOINING, RECONCILING, STABLE and LEAVING.
 
 Each case runs on its own 1-broker EmbeddedKafka (heartbeat interval 500 ms), with one
@@ -66,7 +66,7 @@ CLOSE_TIMEOUT_S = 5.0
 
 
 def expected_outcome(state: str, name: str) -> str:
-    """What the member does (reference §4), as asserted below.
+    """What the member does (the Java client's heartbeat error policy), as asserted below.
 
     - ``rediscover``: FindCoordinator again, then the heartbeat retried at once (the first
       error of an episode, as Java and librdkafka; repeated ones back off, unit-tested in

@@ -1,4 +1,4 @@
-"""Fault matrix for OffsetCommit and OffsetFetch errors (reference §8), one cluster per case.
+"""Fault matrix for OffsetCommit and OffsetFetch errors, one cluster per case.
 
 OffsetCommit: a synchronous ``commit()`` retries retriable errors (rediscovering the
 coordinator after NOT_COORDINATOR / COORDINATOR_NOT_AVAILABLE / REQUEST_TIMED_OUT) and raises
