@@ -13,6 +13,10 @@ Preview the target assignment the broker would compute:
 
 Topic keys are opaque (``uuid.UUID`` topic ids on the wire, names in tests and tools).
 See ``docs/assignors.md``.
+
+Imports: the standard library only, no other package of the SDK (``tests/test_import_contract.py``
+checks it). Threads: every call is a pure computation over its arguments; it never blocks and
+may run on any thread, several at once.
 """
 
 from consumer_sdk.assignors._common import (

@@ -13,6 +13,14 @@ timeouts, static membership — and validates OffsetCommit member epochs. Time i
 
 It is what the deterministic simulator (`consumer_sdk.simulation`) runs the real member
 cores against, and a reference for tests.
+
+Imports: `consumer_sdk.assignors`, `consumer_sdk.domain` and `consumer_sdk.error_codes` only.
+Never the member's side (`consumer_sdk.membership`, ``runtime``, ``protocol``), so that the
+simulator checks the member against an independent model, and no I/O, threads or clocks
+(``tests/test_import_contract.py`` checks it).
+
+Threads: it runs on whoever calls it and never blocks; it is not thread-safe (the simulator
+drives it from its one thread).
 """
 
 from __future__ import annotations

@@ -15,6 +15,11 @@ move forward, no unexplained FATAL, no member stuck reconciling, convergence aft
 
 A failing run is replayed from its trace (`replay`) and shrunk (`shrink`). The CLI
 is ``python -m consumer_sdk.simulation --help``. See ``docs/simulation.md``.
+
+Imports: `consumer_sdk.membership`, `consumer_sdk.coordinator`, `consumer_sdk.domain` and
+`consumer_sdk.error_codes`; no sockets or threads. Threads: a run is single-threaded, on the
+caller's thread, in virtual time: one event queue orders every message and timer. The only
+clock read is the wall time a report states (``time.perf_counter``).
 """
 
 from __future__ import annotations

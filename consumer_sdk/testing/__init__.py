@@ -18,7 +18,17 @@ fixtures.
 `KafkaCluster` runs the real thing: Apache Kafka >= 4.0 (KRaft, 1 or 3 nodes) from a
 distribution directory (``KAFKA_HOME``), with node faults (stop, SIGKILL, SIGSTOP) and the
 same topic/produce/group helpers; the plugin's ``real_kafka`` and ``real_kafka_cluster``
-fixtures start it.
+fixtures start it (`DockerKafka`, one node in a container, where there is no ``KAFKA_HOME``).
+
+Imports: anything in the SDK (it drives real clients; the real-Kafka backends use
+`consumer_sdk.protocol.client`), ``confluent_kafka``, and ``kio`` in the broker proxies. The
+SDK proper never imports it (only the demo and the chaos soak start clusters).
+
+Threads and processes: a cluster lives in other processes (EmbeddedKafka's child process, one
+JVM per KafkaCluster node). Their methods run on the calling thread and block until the
+cluster has answered or the timeout has passed. EmbeddedKafka reads its child's output on two
+threads of its own; the proxies (`faulty_proxy`, `tls_proxy`) accept and forward connections
+on threads of their own.
 """
 
 from __future__ import annotations
