@@ -29,7 +29,7 @@ from consumer_sdk.testing._cluster_ops import KafkaClusterError
 
 logger = logging.getLogger("consumer_sdk.testing")
 
-MIN_KAFKA = (4, 0)
+_MIN_KAFKA = (4, 0)
 _MIN_JAVA = 17
 _OWNER_PROPERTY = "consumer_sdk.testing.owner"
 
@@ -129,10 +129,10 @@ def check_kafka_home(kafka_home: str | os.PathLike[str] | None) -> Path:
             "Apache Kafka 4.x download (https://kafka.apache.org/downloads)"
         )
     version = kafka_distribution_version(home)
-    if version[:2] < MIN_KAFKA:
+    if version[:2] < _MIN_KAFKA:
         raise KafkaClusterError(
             f"KAFKA_HOME={os.fspath(home)!r} is Kafka {'.'.join(map(str, version))}; "
-            f"KafkaCluster needs Kafka >= {'.'.join(map(str, MIN_KAFKA))} "
+            f"KafkaCluster needs Kafka >= {'.'.join(map(str, _MIN_KAFKA))} "
             "(KRaft and the KIP-848 consumer group protocol)"
         )
     return Path(home).resolve()
