@@ -12,6 +12,8 @@ and the data plane.
   (`consumer_sdk.protocol.multiplex`) and timers;
 - `fetcher`: the data plane, records fetched by an assign-only ``confluent_kafka.Consumer``;
 - `offsets`: the application-side view of committed offsets;
+- `completion`: `Completion`, one outcome a blocking call waits for with a deadline (being
+  adopted: the member driver of issue 20 builds every blocking call on it);
 - `_librdkafka`: the ctypes edge (group metadata for transactions, waking a blocked fetch).
 
 Imports: `consumer_sdk.membership` (the core and its request managers),
