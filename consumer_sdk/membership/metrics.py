@@ -71,6 +71,7 @@ class MembershipMetrics:
         self._heartbeats = _Windowed(window_ms)
         self._heartbeat_total = 0
         self._last_heartbeat_ms: int | None = None
+        self._last_heartbeat_response_ms: int | None = None
         # callbacks
         self._callback_latency = {kind: _Windowed(window_ms) for kind in CALLBACK_KINDS}
         # commits
@@ -117,6 +118,12 @@ class MembershipMetrics:
 
     def record_heartbeat_response_time(self, now_ms: int, latency_ms: int) -> None:
         self._heartbeat_response_time.record(now_ms, float(latency_ms))
+        self._last_heartbeat_response_ms = now_ms
+
+    @property
+    def last_heartbeat_response_ms(self) -> int | None:
+        """When the coordinator last answered a heartbeat (any answer), None before one."""
+        return self._last_heartbeat_response_ms
 
     # -- callbacks and commits -----------------------------------------------------------------
 

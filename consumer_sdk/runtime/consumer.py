@@ -22,6 +22,7 @@ from confluent_kafka.admin._metadata import ClusterMetadata
 
 from consumer_sdk.membership import CloseOption, MemberState
 from consumer_sdk.membership.requests import CommitKind, OffsetLike
+from consumer_sdk.observability.client_metrics import fill_consumer_lag
 from consumer_sdk.runtime._librdkafka import write_group_metadata
 from consumer_sdk.runtime.fetcher import Fetcher
 from consumer_sdk.runtime.group_member import (
@@ -48,6 +49,9 @@ _WOKEN_SLICE_S = 0.1
 # While a rebalance is under way, wait on the fetcher in short slices so that callbacks the
 # the network loop asks for run promptly (each rebalance step is an application-thread hop).
 _REBALANCE_SLICE_S = 0.005
+# librdkafka's statistics interval when the application sets none: the SDK reads fetch
+# counters and end offsets from them.
+_STATISTICS_INTERVAL_MS = 5000
 _REBALANCING = frozenset(
     {
         MemberState.JOINING,
@@ -92,8 +96,16 @@ class Consumer(GroupMember):
         super().__init__(config)
         try:
             fetcher_config = self._config.fetcher_config()
-            if "stats_cb" in fetcher_config:
-                fetcher_config["stats_cb"] = self._stats_with_group_block
+            self._read_committed = (
+                str(fetcher_config.get("isolation.level", "read_committed")) == "read_committed"
+            )
+            interval = int(fetcher_config.get("statistics.interval.ms", 0) or 0)
+            # librdkafka calls stats_cb only with an interval; the SDK reads the statistics
+            # either way (fetch counters and end offsets for metrics).
+            self._user_stats_cb = fetcher_config.get("stats_cb") if interval > 0 else None
+            if interval <= 0:
+                fetcher_config["statistics.interval.ms"] = _STATISTICS_INTERVAL_MS
+            fetcher_config["stats_cb"] = self._on_statistics
             self._fetcher = Fetcher(fetcher_config)
         except BaseException:
             super().close(timeout=1.0)
@@ -231,15 +243,60 @@ class Consumer(GroupMember):
                 if p in self._revoking:  # stored from inside on_revoke: commit it on revoke
                     self._revoking[p] = o
 
-    def _stats_with_group_block(self, stats_json: str) -> None:
-        """librdkafka's statistics JSON (from the fetcher) plus its ``cgrp`` block, filled in
-        from this member; then the user's ``stats_cb``."""
+    def _on_statistics(self, stats_json: str) -> None:
+        """(application thread, inside the fetcher's poll) librdkafka's statistics JSON: its
+        fetch counters go to the metrics; the user's ``stats_cb`` gets it with the ``cgrp``
+        block and the partitions' committed offsets and lag filled in from this member."""
         try:
             stats = json.loads(stats_json)
         except ValueError:
             stats = {}
+        self._client_metrics.absorb_statistics(stats, time.monotonic(), self._read_committed)
+        callback = self._user_stats_cb
+        if callback is None:
+            return
         stats["cgrp"] = self.group_stats()
-        self._config.callbacks["stats_cb"](json.dumps(stats))
+        fill_consumer_lag(
+            stats, self._committed_offsets(), self._monitor_stored(), self._read_committed
+        )
+        callback(json.dumps(stats))
+
+    def _committed_offsets(self) -> dict[Partition, int]:
+        """The offsets the group committed for this member's partitions, as far as it knows
+        (its own commits and the OffsetFetch answers at assignment)."""
+        with self._net.lock:
+            return self._net.commits.last_committed()
+
+    def _monitor_stored(self) -> dict[Partition, int]:
+        """What a commit without arguments would commit, per partition, for monitoring."""
+        if self._config.enable_auto_offset_store:
+            return self._fetcher.monitor_positions()
+        with self._store_lock:
+            return {p: o.offset for p, o in self._stored.items()}
+
+    def lag(self) -> dict[Partition, int]:
+        """``records-lag`` per assigned partition: the high watermark of its last fetch
+        minus the position (the offset of the next record to hand out, else the committed
+        offset it starts from). Partitions whose high watermark or position is not known
+        yet are left out; empty after ``close()``. Any thread; sends no request.
+
+        confluent-kafka has no such method (its statistics carry ``consumer_lag``, to the
+        committed offset, which this consumer's ``stats_cb`` carries too)."""
+        if self._closed:
+            return {}
+        fetcher = self._fetcher
+        assigned = fetcher.assigned()
+        ends = fetcher.end_offsets(assigned)
+        positions = fetcher.monitor_positions()
+        committed = self._committed_offsets()
+        out: dict[Partition, int] = {}
+        for key in sorted(assigned):
+            end = ends.get(key)
+            position = positions.get(key, committed.get(key))
+            if end is not None and position is not None and position >= 0:
+                out[key] = max(end - position, 0)
+        self._client_metrics.record_lag(time.monotonic(), out)
+        return out
 
     def _slice(self) -> float:
         """How long to wait inside librdkafka before looking for work the network loop

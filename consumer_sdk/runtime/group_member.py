@@ -54,6 +54,7 @@ from consumer_sdk.membership.requests import (
     CommitResult,
     OffsetLike,
 )
+from consumer_sdk.observability.client_metrics import ClientMetrics
 from consumer_sdk.runtime.member_network import MemberNetwork
 from consumer_sdk.runtime.offsets import CommitFailedError, OffsetAndMetadata, committed_offsets
 
@@ -130,6 +131,8 @@ class GroupMember:
         self._leave_sent_at: float | None = None
         self._callbacks_ended_at = 0.0
         self._revoking: dict[Partition, OffsetAndMetadata] = {}
+        # Commit failures, partitions moved, fetch counters, the last error (any thread).
+        self._client_metrics = ClientMetrics()
         # The network side, on the process-wide loop (started by the first member).
         self._net = MemberNetwork(
             c,
@@ -406,9 +409,14 @@ class GroupMember:
     def _queue_error(self, error: KafkaError) -> None:
         """Report a group-level error to ``error_cb`` (run on the application thread; this
         may be called on either thread)."""
+        self._note_error(error)
         if self._error_cb is not None:
             self._app_callbacks.append(("error", error))
             self._net.notify()
+
+    def _note_error(self, error: KafkaError) -> None:
+        """Remember ``error`` as the last one, for `health` (either thread)."""
+        self._client_metrics.record_error(error.code(), error.name(), error.str(), time.time())
 
     def _dispatch(self, event: BackgroundEvent) -> bool:
         if isinstance(event, CallbacksNeeded):
@@ -419,6 +427,7 @@ class GroupMember:
             error = KafkaError(
                 event.code, event.message, fatal=event.fatal, retriable=not event.fatal
             )
+            self._note_error(error)
             if event.fatal:
                 self._fatal = KafkaException(error)
                 if self._error_cb is not None:
@@ -461,6 +470,7 @@ class GroupMember:
             user_exc = exc
             error = f"{type(exc).__name__}: {exc}"
         finally:
+            self._client_metrics.record_partitions(event.kind.name.lower(), len(parts))
             if event.kind is not CallbackKind.ASSIGNED:
                 self._after_revoke(parts)
             self._callbacks_ended_at = time.monotonic()
@@ -566,6 +576,8 @@ class GroupMember:
         error = KafkaError(
             result.error_code, result.error_message, retriable=result.error_code in COMMIT_RETRIABLE
         )
+        self._client_metrics.record_commit_failed()
+        self._note_error(error)
         self._report_commit(error, offsets)
 
     def _commit_with_retries(
@@ -592,6 +604,8 @@ class GroupMember:
             result.error_message.removeprefix(f"commit failed: {ErrorCode.name_of(code)}: "),
             retriable=code in COMMIT_RETRIABLE,
         )
+        self._client_metrics.record_commit_failed()
+        self._note_error(error.args[0])
         self._report_commit(error.args[0], offsets)
         raise error
 
