@@ -114,10 +114,11 @@ def test_one_nav_entry_per_page() -> None:
     assert set(listed) == on_disk, f"nav vs docs/: {sorted(set(listed) ^ on_disk)}"
 
 
-def _table(page: str, first_header: str) -> list[list[str]]:
-    """The rows of the Markdown table whose header starts with ``| first_header |``."""
+def _table(page: str, *headers: str) -> list[list[str]]:
+    """The rows of the Markdown table whose header starts with ``| header | header |``."""
     lines = (ROOT / "docs" / page).read_text().splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith(f"| {first_header} |"))
+    head = "| " + " | ".join(headers) + " |"
+    start = next(i for i, line in enumerate(lines) if line.startswith(head))
     rows = []
     for line in lines[start + 2 :]:
         if not line.startswith("|"):
@@ -131,10 +132,11 @@ def test_metrics_page_matches_the_code() -> None:
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
     from consumer_sdk import GroupMember
-    from consumer_sdk.membership.metrics import MembershipMetrics
+    from consumer_sdk.membership.metrics import GROUP, MembershipMetrics
     from consumer_sdk.observability.otel import instrument
+    from consumer_sdk.observability.samples import export_name, metric_keys
 
-    rows = _table("metrics.md", "Metric")
+    rows = _table("metrics.md", "Metric", "OpenTelemetry instrument")
     documented = {row[0]: row[1] for row in rows}
     assert len(documented) == len(rows), "a metric is listed twice"
     code = set(MembershipMetrics().snapshot(0))
@@ -146,7 +148,12 @@ def test_metrics_page_matches_the_code() -> None:
         assert set(member.metrics()) == code
         handle = instrument(member, meter_provider=MeterProvider([InMemoryMetricReader()]))
         instruments = {g.name for g in handle._gauges}
-        assert set(documented.values()) == instruments
+        consumer_rows = _table("metrics.md", "Metric", "Group")
+        more = {(row[1], row[0]) for row in consumer_rows}
+        assert more == set(metric_keys()) - {(GROUP, name) for name in code}
+        assert all(row[2] == export_name(row[1], row[0]) and row[3] for row in consumer_rows)
+        otel_more = {export_name(group, name, ".") for group, name in more}
+        assert set(documented.values()) | otel_more == instruments
         handle.uninstrument()
         fields = {row[0] for row in _table("metrics.md", "Field")}
         assert fields == set(member.group_stats()), sorted(fields ^ set(member.group_stats()))

@@ -100,6 +100,7 @@ class ClientMetrics:
         self._fetch: dict[str, float] = {}
         self._fetch_prev: tuple[float, dict[str, float]] | None = None
         self._end_offsets: dict[Partition, int] = {}
+        self._app_offsets: dict[Partition, int] = {}
         self._lag_samples: dict[Partition, deque[tuple[float, int]]] = {}
         self._last_error: LastError | None = None
 
@@ -131,12 +132,17 @@ class ClientMetrics:
             "bytes-consumed-total": float(stats.get("rxmsg_bytes", 0)),
         }
         ends: dict[Partition, int] = {}
+        positions: dict[Partition, int] = {}
         for topic, block in (stats.get("topics") or {}).items():
             for number, part in (block.get("partitions") or {}).items():
                 if number.lstrip("-").isdigit() and int(number) >= 0:
+                    key = (topic, int(number))
                     end = end_offset(part, read_committed)
                     if end >= 0:
-                        ends[(topic, int(number))] = end
+                        ends[key] = end
+                    app = part.get("app_offset", -1001)
+                    if isinstance(app, int) and app >= 0:
+                        positions[key] = app
         with self._lock:
             prev = self._fetch_prev
             self._fetch = dict(totals)
@@ -150,6 +156,7 @@ class ClientMetrics:
                     self._fetch[rate] = max(totals[name] - prev[1][name], 0.0) / span
             self._fetch_prev = (now, totals)
             self._end_offsets = ends
+            self._app_offsets = positions
 
     def record_lag(self, now: float, lags: Mapping[Partition, int]) -> None:
         """One observation of every assigned partition's lag (``now``: monotonic seconds);
@@ -179,6 +186,11 @@ class ClientMetrics:
         """End offsets from the last statistics document (empty before the first)."""
         with self._lock:
             return dict(self._end_offsets)
+
+    def app_offsets(self) -> dict[Partition, int]:
+        """librdkafka's application positions from the last statistics document."""
+        with self._lock:
+            return dict(self._app_offsets)
 
     def snapshot(self) -> dict[str, dict[str, float]]:
         """Counters by metric group and name."""

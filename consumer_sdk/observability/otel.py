@@ -5,9 +5,14 @@
     ...
     handle.uninstrument()
 
-Metrics keep the Java consumer's names under ``kafka.consumer.coordinator.*`` (e.g.
-``kafka.consumer.coordinator.rebalance_latency_avg``); a metric without samples (an average
-before the first rebalance) is not reported rather than reported as NaN. Spans follow the
+Metrics keep the Java consumer's names under ``kafka.consumer.coordinator.*`` and
+``kafka.consumer.fetch_manager.*`` (e.g. ``kafka.consumer.coordinator.rebalance_latency_avg``,
+``kafka.consumer.fetch_manager.records_lag``), with the attributes
+``messaging.consumer.group.name``, ``messaging.client.id`` (``client.id``) and
+``messaging.consumer.member.id`` (plus ``messaging.destination.name`` and
+``messaging.destination.partition.id`` per partition), so consumers instrumented on one meter
+are separate series. A metric without samples (an average before the first rebalance) is not
+reported rather than reported as NaN. Spans follow the
 OpenTelemetry messaging semantic conventions (name ``{messaging.operation.name} {topic}``):
 
 | span | kind | operation name / type | emitted for |
@@ -27,7 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import math
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -42,11 +47,91 @@ except ImportError as exc:  # pragma: no cover - depends on the extra
         "consumer_sdk.observability.otel needs OpenTelemetry: pip install 'kip848-consumer[otel]'"
     ) from exc
 
+from consumer_sdk.observability.samples import Sample, collect, export_name, metric_keys
 from consumer_sdk.runtime.group_member import GroupMember
 
 __all__ = ["Instrumentation", "instrument"]
 
 _SCOPE = "consumer_sdk"
+
+# Sample labels -> OpenTelemetry attribute names.
+_ATTRIBUTES = {
+    "group": "messaging.consumer.group.name",
+    "client_id": "messaging.client.id",
+    "member_id": "messaging.consumer.member.id",
+    "topic": "messaging.destination.name",
+    "partition": "messaging.destination.partition.id",
+}
+# One collection reads each consumer once, not once per instrument.
+_FRESH_S = 0.5
+
+
+class _MeterExport:
+    """The observable gauges of one meter, shared by every consumer instrumented on it (an
+    instrument name can be created once per meter)."""
+
+    def __init__(self, meter: Any) -> None:
+        self._lock = threading.Lock()
+        self._members: list[GroupMember] = []
+        self._cache: dict[int, tuple[float, list[Sample]]] = {}
+        self.gauges = [
+            meter.create_observable_gauge(
+                export_name(group, name, "."),
+                callbacks=[functools.partial(self._observe, group, name)],
+                description=f"{group} {name}",
+            )
+            for group, name in metric_keys()
+        ]
+
+    def add(self, member: GroupMember) -> None:
+        with self._lock:
+            if member not in self._members:
+                self._members.append(member)
+
+    def remove(self, member: GroupMember) -> None:
+        with self._lock:
+            if member in self._members:
+                self._members.remove(member)
+            self._cache.pop(id(member), None)
+
+    def _samples(self, member: GroupMember) -> list[Sample]:
+        now = time.monotonic()
+        with self._lock:
+            cached = self._cache.get(id(member))
+        if cached is not None and now - cached[0] < _FRESH_S:
+            return cached[1]
+        try:
+            samples = collect(member)
+        except Exception:
+            samples = []
+        with self._lock:
+            self._cache[id(member)] = (now, samples)
+        return samples
+
+    def _observe(self, group: str, name: str, options: CallbackOptions) -> Iterable[Observation]:
+        with self._lock:
+            members = list(self._members)
+        out = []
+        for member in members:
+            for sample in self._samples(member):
+                if sample.name == name and sample.group == group:
+                    attrs = {_ATTRIBUTES[k]: v for k, v in sample.labels}
+                    out.append(Observation(sample.value, attrs))
+        return out
+
+
+_EXPORTS: dict[int, tuple[Any, _MeterExport]] = {}
+_EXPORTS_LOCK = threading.Lock()
+
+
+def _export_for(meter_provider: Any) -> _MeterExport:
+    """The export of ``meter_provider`` (one per provider: its meters share instruments)."""
+    with _EXPORTS_LOCK:
+        found = _EXPORTS.get(id(meter_provider))
+        if found is None or found[0] is not meter_provider:
+            meter = otel_metrics.get_meter(_SCOPE, meter_provider=meter_provider)
+            found = _EXPORTS[id(meter_provider)] = (meter_provider, _MeterExport(meter))
+        return found[1]
 
 
 def _record_attributes(member: GroupMember, msg: Any) -> dict[str, Any]:
@@ -73,35 +158,17 @@ def _error_type(exc: Exception) -> str:
 class Instrumentation:
     """What `instrument` installed on one consumer; `uninstrument` removes it."""
 
-    def __init__(self, member: GroupMember, tracer: Any, meter: Any) -> None:
+    def __init__(self, member: GroupMember, tracer: Any, meter_provider: Any) -> None:
         self.member = member
         self.tracer = tracer
         self._originals: dict[str, Callable[..., Any]] = {}
-        self._gauges = []
-        names = sorted(member.metrics())
-        for name in names:
-            self._gauges.append(
-                meter.create_observable_gauge(
-                    f"kafka.consumer.coordinator.{name.replace('-', '_')}",
-                    callbacks=[functools.partial(self._observe, name)],
-                    description=f"consumer-coordinator-metrics {name}",
-                )
-            )
+        self._export = _export_for(meter_provider)
+        self._export.add(member)
+        self._gauges = self._export.gauges
         self._wrap("poll", self._receive("poll", batch=False))
         if hasattr(member, "consume"):
             self._wrap("consume", self._receive("consume", batch=True))
         self._wrap("commit", self._commit)
-
-    def _observe(self, name: str, options: CallbackOptions) -> Iterable[Observation]:
-        try:
-            value = self.member.metrics().get(name)
-        except Exception:
-            return []
-        attrs = {"messaging.consumer.group.name": self.member.group_id}
-        # NaN means "no samples in the window": the OTel SDK would warn on every collection.
-        if value is None or not math.isfinite(value):
-            return []
-        return [Observation(value, attrs)]
 
     def _wrap(self, name: str, make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
         original = getattr(self.member, name)
@@ -213,7 +280,9 @@ class Instrumentation:
             yield span
 
     def uninstrument(self) -> None:
-        """Remove the wrappers (the class's own methods show through again)."""
+        """Remove the wrappers (the class's own methods show through again) and stop
+        exporting this consumer's metrics."""
+        self._export.remove(self.member)
         for name in self._originals:
             vars(self.member).pop(name, None)
         self._originals.clear()
@@ -224,5 +293,6 @@ def instrument(
 ) -> Instrumentation:
     """Export ``member``'s metrics and emit messaging spans through OpenTelemetry."""
     tracer = otel_trace.get_tracer(_SCOPE, tracer_provider=tracer_provider)
-    meter = otel_metrics.get_meter(_SCOPE, meter_provider=meter_provider)
-    return Instrumentation(member, tracer, meter)
+    if meter_provider is None:
+        meter_provider = otel_metrics.get_meter_provider()
+    return Instrumentation(member, tracer, meter_provider)

@@ -51,7 +51,7 @@ _WOKEN_SLICE_S = 0.1
 _REBALANCE_SLICE_S = 0.005
 # librdkafka's statistics interval when the application sets none: the SDK reads fetch
 # counters and end offsets from them.
-_STATISTICS_INTERVAL_MS = 5000
+_STATISTICS_INTERVAL_MS = 1000
 _REBALANCING = frozenset(
     {
         MemberState.JOINING,
@@ -270,15 +270,20 @@ class Consumer(GroupMember):
     def _monitor_stored(self) -> dict[Partition, int]:
         """What a commit without arguments would commit, per partition, for monitoring."""
         if self._config.enable_auto_offset_store:
-            return self._fetcher.monitor_positions()
+            return self._fetcher.monitor_positions(self._client_metrics.app_offsets())
         with self._store_lock:
             return {p: o.offset for p, o in self._stored.items()}
 
     def lag(self) -> dict[Partition, int]:
-        """``records-lag`` per assigned partition: the high watermark of its last fetch
-        minus the position (the offset of the next record to hand out, else the committed
-        offset it starts from). Partitions whose high watermark or position is not known
-        yet are left out; empty after ``close()``. Any thread; sends no request.
+        """``records-lag`` per assigned partition: the end offset (high watermark; the last
+        stable offset under ``isolation.level=read_committed``) minus the position (the
+        offset of the next record to hand out, else the committed offset it starts from).
+
+        End offsets come from librdkafka's statistics of the fetcher, which arrive inside
+        ``poll()``/``consume()`` every ``statistics.interval.ms`` (1 s when not set), so
+        they are that old at most while the application polls. Partitions whose end offset
+        or position is not known yet are left out; empty after ``close()``. Any thread;
+        sends no request.
 
         confluent-kafka has no such method (its statistics carry ``consumer_lag``, to the
         committed offset, which this consumer's ``stats_cb`` carries too)."""
@@ -286,8 +291,8 @@ class Consumer(GroupMember):
             return {}
         fetcher = self._fetcher
         assigned = fetcher.assigned()
-        ends = fetcher.end_offsets(assigned)
-        positions = fetcher.monitor_positions()
+        ends = self._client_metrics.end_offsets()
+        positions = fetcher.monitor_positions(self._client_metrics.app_offsets())
         committed = self._committed_offsets()
         out: dict[Partition, int] = {}
         for key in sorted(assigned):

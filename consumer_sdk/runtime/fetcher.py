@@ -396,37 +396,18 @@ class Fetcher:
         """Next offset to deliver per partition (only partitions that have one)."""
         return {p: o for p, (o, _) in self.committable().items()}
 
-    def monitor_positions(self) -> dict[Partition, int]:
-        """Positions for monitoring (lag), from any thread without waiting: librdkafka's are
-        read while a batch may be being returned, so they can run ahead of the application
-        by that batch. Never use them to commit."""
+    def monitor_positions(self, librdkafka: Mapping[Partition, int]) -> dict[Partition, int]:
+        """Positions for monitoring (lag), from any thread without waiting and without
+        calling into librdkafka (confluent-kafka serializes such calls with a running poll):
+        the ones kept here, and for the partitions whose position is librdkafka's, the
+        application offset ``librdkafka`` reported (its last statistics). Never commit them."""
         with self._lock:
-            if self._closed:
-                return {p: o for p, (o, _) in self._tracked().items()}
             out = {p: o for p, (o, _) in self._tracked().items()}
-            native = [TopicPartition(t, p) for t, p in self._native]
-        if native:
-            with contextlib.suppress(KafkaException, RuntimeError):
-                for tp in self._consumer.position(native):
-                    if tp.offset >= 0:
-                        out[(tp.topic, tp.partition)] = tp.offset
-        return out
-
-    def end_offsets(self, partitions: Iterable[Partition]) -> dict[Partition, int]:
-        """The high watermarks librdkafka learned from its last fetch of each partition
-        (partitions not fetched yet are left out); any thread, no request sent."""
-        out: dict[Partition, int] = {}
-        if self._closed:
-            return out
-        for topic, number in partitions:
-            try:
-                found = self._consumer.get_watermark_offsets(
-                    TopicPartition(topic, number), cached=True
-                )
-            except (KafkaException, RuntimeError):
-                continue
-            if found is not None and found[1] >= 0:
-                out[(topic, number)] = found[1]
+            native = set(self._native)
+        for key in native:
+            found = librdkafka.get(key, -1)
+            if found >= 0:
+                out[key] = found
         return out
 
     def leader_epoch(self, partition: Partition) -> int:

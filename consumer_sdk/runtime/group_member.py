@@ -170,6 +170,11 @@ class GroupMember:
     def group_id(self) -> str:
         return self._config.group_id
 
+    @property
+    def client_id(self) -> str:
+        """The ``client.id`` setting (default ``consumer-sdk``)."""
+        return self._config.connection.client_id
+
     def assignment(self) -> list[TopicPartition]:
         """Partitions this member owns (acknowledged or being reconciled)."""
         with self._core_lock:

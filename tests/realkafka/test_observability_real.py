@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+import urllib.request
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -111,12 +112,129 @@ def test_stats_consumer_lag_matches_confluent_kafka(real_kafka: KafkaCluster) ->
         sdk, ck = (_lag_fields(run.partitions()) for run in runs)
         assert sdk == ck == expected
 
-        # records-lag: high watermark minus position, without the application polling.
+        # records-lag (high watermark minus position) is what confluent-kafka's statistics
+        # call consumer_lag_stored (its stored offset is its position here).
         sdk_consumer: Consumer = runs[0].consumer
-        assert sdk_consumer.lag() == {(topic, 0): 0, (topic, 1): 0}
-        real_kafka.produce(topic, [f"late-{i}" for i in range(7)], partition=0)
-        wait_until(lambda: sdk_consumer.lag().get((topic, 0)) == 7, 30, 0.05, "lag 7")
-        assert sdk_consumer.lag()[(topic, 1)] == 0
+        assert sdk_consumer.lag() == {(topic, p): ck[p][3] for p in PRODUCED}
     finally:
         for run in runs:
             run.consumer.close()
+
+
+def _scrape(port: int) -> dict[str, list[tuple[dict[str, str], float]]]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    out: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out.setdefault(sample.name, []).append((dict(sample.labels), sample.value))
+    return out
+
+
+def test_prometheus_endpoint_two_consumers_two_series(real_kafka: KafkaCluster) -> None:
+    from prometheus_client import CollectorRegistry, start_http_server
+
+    from consumer_sdk.observability.prometheus import ConsumerCollector
+
+    topic, group = f"prom-{uuid.uuid4().hex[:8]}", f"prom-g-{uuid.uuid4().hex[:6]}"
+    real_kafka.create_topic(topic, partitions=4)
+    for p in range(4):
+        real_kafka.produce(topic, [f"{p}-{i}" for i in range(20)], partition=p)
+    registry = CollectorRegistry()
+    collector = ConsumerCollector.register(registry)
+    server, http_thread = start_http_server(0, "127.0.0.1", registry)
+    consumers = [
+        Consumer(
+            {
+                "bootstrap.servers": real_kafka.bootstrap_servers,
+                "group.id": group,
+                "client.id": f"svc-{i}",
+                "auto.offset.reset": "earliest",
+                "statistics.interval.ms": 300,
+            }
+        )
+        for i in range(2)
+    ]
+    stop = threading.Event()
+
+    def run(c: Consumer) -> None:
+        while not stop.is_set():
+            c.poll(0.1)
+
+    threads = [threading.Thread(target=run, args=(c,), daemon=True) for c in consumers]
+    try:
+        for c in consumers:
+            collector.add(c)
+            c.subscribe([topic])
+        for t in threads:
+            t.start()
+        wait_until(
+            lambda: (
+                all(len(c.assignment()) == 2 for c in consumers)
+                and len(
+                    _scrape(server.server_port).get("kafka_consumer_fetch_manager_records_lag", [])
+                )
+                == 4
+                and all(
+                    s[1] > 0
+                    for s in _scrape(server.server_port)["kafka_consumer_fetch_manager_fetch_total"]
+                )
+            ),
+            60,
+            0.2,
+            "both consumers assigned, fetching and lag known",
+        )
+        scraped = _scrape(server.server_port)
+        assigned = scraped["kafka_consumer_coordinator_assigned_partitions"]
+        assert sorted((s[0]["client_id"], s[1]) for s in assigned) == [
+            ("svc-0", 2.0),
+            ("svc-1", 2.0),
+        ]
+        members = {c.client_id: c.member_id for c in consumers}
+        assert {s[0]["client_id"]: s[0]["member_id"] for s in assigned} == members
+        assert all(s[0]["group"] == group for s in assigned)
+        for name in (
+            "kafka_consumer_coordinator_heartbeat_total",
+            "kafka_consumer_coordinator_rebalance_total",
+            "kafka_consumer_coordinator_partitions_assigned_total",
+            "kafka_consumer_fetch_manager_records_consumed_total",
+        ):
+            series = scraped[name]
+            assert len(series) == 2, (name, series)
+            assert all(value > 0 for _, value in series), (name, series)
+        lag = scraped["kafka_consumer_fetch_manager_records_lag"]
+        owner = {(s[0]["topic"], int(s[0]["partition"])): s[0]["client_id"] for s in lag}
+        expected = {
+            (tp.topic, tp.partition): c.client_id for c in consumers for tp in c.assignment()
+        }
+        assert owner == expected
+        wait_until(
+            lambda: (
+                sum(
+                    s[1]
+                    for s in _scrape(server.server_port)["kafka_consumer_fetch_manager_records_lag"]
+                )
+                == 0
+            ),
+            30,
+            0.2,
+            "all 80 records consumed: lag 0",
+        )
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(10)
+        for c in consumers:
+            c.close()
+        server.shutdown()
+        server.server_close()
+        http_thread.join(5)
+    assert "kafka_consumer_coordinator_assigned_partitions" not in _scrape_registry(registry)
+
+
+def _scrape_registry(registry: Any) -> str:
+    from prometheus_client import generate_latest
+
+    return generate_latest(registry).decode()
