@@ -55,6 +55,8 @@ from consumer_sdk.membership.requests import (
     OffsetLike,
 )
 from consumer_sdk.observability.client_metrics import ClientMetrics
+from consumer_sdk.observability.health import IN_GROUP_STATES, Health
+from consumer_sdk.observability.health import evaluate as evaluate_health
 from consumer_sdk.runtime.member_network import MemberNetwork
 from consumer_sdk.runtime.offsets import CommitFailedError, OffsetAndMetadata, committed_offsets
 
@@ -116,6 +118,9 @@ class GroupMember:
         c = self._config
         self._state_since_ms = _now_ms()
         self._last_transition_reason = ""
+        # For health(): whether the member is in the group, and since when (wall clock).
+        self._in_group = False
+        self._in_group_since = time.time()
         self._on_assign: RebalanceCallback | None = None
         self._on_revoke: RebalanceCallback | None = None
         self._on_lost: RebalanceCallback | None = None
@@ -201,6 +206,59 @@ class GroupMember:
             "member_epoch": self.member_epoch,
         }
 
+    def health(self) -> Health:
+        """This consumer's health: in the group or not and since when, coordinator, last
+        heartbeat answer, assignment, total lag, last error, and the ``live`` / ``ready``
+        verdicts (rules in `consumer_sdk.observability.health`). Any thread; sends nothing."""
+        c = self._config
+        with self._core_lock:
+            core = self._core
+            state, epoch = core.state, core.member_epoch
+            known = core.coordinator_known
+            assigned = tuple(sorted(core.assigned_partitions))
+            answered = core.metrics.last_heartbeat_response_ms
+            interval = core.heartbeat_interval_ms
+        now_ms = _now_ms()
+        manual: Mapping[Partition, int] = getattr(self, "_manual", {})
+        if manual:
+            assigned = tuple(sorted(manual))
+        last_poll = self._net._last_poll_event
+        lag_of: Callable[[], dict[Partition, int]] | None = getattr(self, "lag", None)
+        lags = lag_of() if lag_of is not None else {}
+        fatal = self._fatal.args[0].str() if self._fatal is not None else None
+        failure = self._net.failure.args[0].str() if self._net.failure is not None else None
+        live, ready, reasons = evaluate_health(
+            closed=self._closed,
+            fatal=fatal,
+            network_failure=failure,
+            state=state,
+            member_epoch=epoch,
+            coordinator_known=known,
+            subscribed=state is not MemberState.UNSUBSCRIBED,
+            manual=bool(manual),
+            heartbeat_age_s=None if answered is None else (now_ms - answered) / 1000,
+            heartbeat_interval_ms=interval,
+            request_timeout_ms=int(self._request_timeout() * 1000),
+            poll_age_s=time.monotonic() - last_poll if last_poll > 0 else None,
+            max_poll_interval_ms=c.max_poll_interval_ms,
+        )
+        return Health(
+            live=live,
+            ready=ready,
+            reasons=reasons,
+            state=state.name,
+            in_group=self._in_group,
+            since=self._in_group_since,
+            member_id=self.member_id,
+            member_epoch=epoch,
+            coordinator_known=known,
+            last_heartbeat_age_s=None if answered is None else (now_ms - answered) / 1000,
+            last_poll_age_s=time.monotonic() - last_poll if last_poll > 0 else None,
+            assignment=assigned,
+            lag_total=sum(lags.values()) if lags else None,
+            last_error=self._client_metrics.last_error,
+        )
+
     def metrics(self) -> dict[str, float]:
         """The Java consumer's ``consumer-coordinator-metrics`` by name."""
         with self._core_lock:
@@ -220,6 +278,9 @@ class GroupMember:
         """Called by the core (under the core lock, on the loop thread) for every transition."""
         if event.old is not event.new:
             self._state_since_ms = _now_ms()
+            if (event.new in IN_GROUP_STATES) != self._in_group:
+                self._in_group = not self._in_group
+                self._in_group_since = time.time()
         self._last_transition_reason = event.reason
         if event.old is MemberState.LEAVING and event.new is MemberState.UNSUBSCRIBED:
             self._leave_sent_at = time.monotonic()
