@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import sys
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -54,6 +55,117 @@ def describe(args: argparse.Namespace) -> int:
             f"    target   {fmt(m['target_assignment'])}\n"
         )
     return 0
+
+
+def groups(args: argparse.Namespace) -> int:
+    """``groups list|describe|watch``: KIP-848 groups of any client."""
+    import json
+
+    from consumer_sdk.admin import groups as admin
+    from consumer_sdk.errors import ConfigError, KafkaException
+    from consumer_sdk.protocol.client import ClusterClient
+
+    try:
+        config = _connection_config(args)
+        client = ClusterClient({**config, "bootstrap.servers": args.bootstrap_servers})
+    except (ConfigError, OSError) as exc:
+        sys.stderr.write(f"groups: {exc}\n")
+        return 2
+    out = sys.stdout
+    with client:
+        try:
+            if args.action == "list":
+                listed = admin.list_groups(client, None if args.type == "all" else [args.type])
+                if args.json:
+                    out.write(json.dumps(listed) + "\n")
+                for g in [] if args.json else listed:
+                    out.write(f"{g['group_id']}\t{g['type']}\t{g['state']}\n")
+            elif args.action == "describe":
+                view = admin.describe_group(client, _group(args), args.timeout)
+                out.write(json.dumps(view.as_dict()) + "\n" if args.json else _render(view))
+            else:
+                deadline = None if args.duration is None else time.monotonic() + args.duration
+                for _view, found in admin.watch(
+                    client,
+                    _group(args),
+                    args.interval,
+                    timeout_s=args.timeout,
+                    stop=lambda: deadline is not None and time.monotonic() >= deadline,
+                ):
+                    for change in found:
+                        if args.json:
+                            out.write(json.dumps(change.as_dict()) + "\n")
+                        else:
+                            stamp = time.strftime("%H:%M:%S", time.localtime(change.at))
+                            out.write(f"{stamp} {change}\n")
+                    out.flush()
+        except KafkaException as exc:
+            sys.stderr.write(f"groups {args.action} failed: {exc.args[0].str()}\n")
+            return 1
+        except KeyboardInterrupt:
+            return 0
+    return 0
+
+
+def _group(args: argparse.Namespace) -> str:
+    if not args.group:
+        raise SystemExit(f"consumer-sdk groups {args.action}: give a group id")
+    return str(args.group)
+
+
+def _render(view: Any) -> str:
+    """A group view as text: the group line, members, then partitions with lag."""
+    lines = [
+        f"group {view.group_id}: {view.state}, group epoch {view.group_epoch}, assignment "
+        f"epoch {view.assignment_epoch}, assignor {view.assignor}, lag {view.lag_total}"
+    ]
+
+    def fmt(parts: tuple[tuple[str, int], ...]) -> str:
+        by_topic: dict[str, list[int]] = {}
+        for t, p in parts:
+            by_topic.setdefault(t, []).append(p)
+        return " ".join(f"{t}[{','.join(map(str, ps))}]" for t, ps in by_topic.items()) or "-"
+
+    for m in view.members:
+        static = f" instance {m.instance_id}" if m.instance_id else ""
+        rack = f" rack {m.rack_id}" if m.rack_id else ""
+        sub = m.subscribed_regex or ",".join(m.subscribed_topics)
+        lines.append(
+            f"  {m.client_id} {m.member_id}{static} epoch {m.member_epoch} "
+            f"host {m.client_host}{rack} subscribed {sub}"
+        )
+        lines.append(f"    assigned {fmt(m.assignment)}")
+        lines.append(f"    target   {fmt(m.target_assignment)}")
+    lines.append("  TOPIC PARTITION OWNER TARGET COMMITTED END LAG")
+    clients = {m.member_id: m.client_id for m in view.members}
+    for p in view.partitions:
+        lines.append(
+            f"  {p.topic} {p.partition} {clients.get(p.owner, '-') if p.owner else '-'} "
+            f"{clients.get(p.target_owner, '-') if p.target_owner else '-'} "
+            f"{'-' if p.committed is None else p.committed} "
+            f"{'-' if p.end_offset is None else p.end_offset} {'-' if p.lag is None else p.lag}"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _add_connection_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--bootstrap-servers", "-b", required=True, help="comma-separated host:port list"
+    )
+    p.add_argument(
+        "--timeout", type=float, default=10.0, help="seconds to wait for the broker (default: 10)"
+    )
+    p.add_argument(
+        "-X",
+        action="append",
+        metavar="KEY=VALUE",
+        help="a librdkafka connection setting, repeatable (TLS, SASL, timeouts)",
+    )
+    p.add_argument(
+        "--command-config",
+        metavar="FILE",
+        help="a properties file of librdkafka connection settings (key=value lines); -X wins",
+    )
 
 
 def _connection_config(args: argparse.Namespace) -> dict[str, str]:
@@ -193,6 +305,34 @@ def build_parser() -> argparse.ArgumentParser:
         help="a properties file of librdkafka connection settings (key=value lines); -X wins",
     )
     p_desc.set_defaults(func=describe)
+    p_groups = sub.add_parser(
+        "groups",
+        help="list, describe or watch KIP-848 groups of any client",
+        description="list: the groups (ListGroups, type consumer by default); describe: a "
+        "group's members (client id, host, rack, epoch, subscription, current and target "
+        "assignment) and per partition owner, committed offset, end offset and lag; watch: "
+        "print changes as they happen (members joining and leaving, epochs, partitions "
+        "gained and lost, targets). --json for scripts (watch: one JSON object per change).",
+    )
+    p_groups.add_argument(
+        "action", choices=["list", "describe", "watch"], help="list, describe or watch"
+    )
+    p_groups.add_argument("group", nargs="?", help="the group id (describe, watch)")
+    _add_connection_args(p_groups)
+    p_groups.add_argument("--json", action="store_true", help="JSON output")
+    p_groups.add_argument(
+        "--type",
+        default="consumer",
+        choices=["consumer", "classic", "share", "all"],
+        help="list: group type (default: consumer, KIP-848)",
+    )
+    p_groups.add_argument(
+        "--interval", type=float, default=0.5, help="watch: seconds between describes"
+    )
+    p_groups.add_argument(
+        "--duration", type=float, default=None, help="watch: stop after this many seconds"
+    )
+    p_groups.set_defaults(func=groups)
     p_plan = sub.add_parser(
         "plan",
         help="preview what a server-side assignor does, and what moves",

@@ -481,6 +481,63 @@ class ClusterClient:
             raise BrokerResponseError.from_code(group["error_code"], f"describe {group_id!r}")
         return group
 
+    def list_groups(
+        self, types: list[str] | None = None, timeout_s: float | None = None
+    ) -> list[dict[str, str]]:
+        """ListGroups (v5, with the type filter) from every broker: each lists the groups
+        it coordinates. ``types``: e.g. ``["consumer"]`` for KIP-848 groups; None: all."""
+        deadline = time.monotonic() + self._timeout(timeout_s)
+        md = self.metadata(None, timeout_s)
+        groups: dict[str, dict[str, str]] = {}
+        for broker in sorted(md.brokers, key=lambda b: b.node_id):
+            conn = self.connection(broker.node_id, max(deadline - time.monotonic(), 0.001))
+            version = conn.version_for(m.API_LIST_GROUPS, m.SUPPORTED_VERSIONS[m.API_LIST_GROUPS])
+            if version is None:
+                raise UnsupportedBrokerError(self._unsupported_message(conn, m.API_LIST_GROUPS))
+            payload, response_type = m.list_groups_call(list(types or ()), version)
+            response = conn.request(payload, response_type, max(deadline - time.monotonic(), 0.001))
+            error, listed = m.list_groups_from_kio(response)
+            if error != 0:
+                raise BrokerResponseError.from_code(error, f"ListGroups on node {broker.node_id}")
+            for group in listed:
+                groups[group["group_id"]] = group
+        return [groups[g] for g in sorted(groups)]
+
+    def list_offsets(
+        self,
+        partitions: list[tuple[str, int]],
+        timestamp: int = m.LATEST_TIMESTAMP,
+        read_committed: bool = False,
+        timeout_s: float | None = None,
+    ) -> dict[tuple[str, int], int]:
+        """ListOffsets from each partition's leader: the latest offset (the high watermark;
+        the last stable offset with ``read_committed``) by default. Partitions that failed
+        (no leader, unknown) are left out."""
+        if not partitions:
+            return {}
+        deadline = time.monotonic() + self._timeout(timeout_s)
+        md = self.metadata(sorted({t for t, _ in partitions}), timeout_s)
+        leaders: dict[int, list[tuple[str, int]]] = {}
+        for topic, partition in partitions:
+            found = md.topic(topic)
+            meta = next(
+                (p for p in (found.partitions if found else ()) if p.partition == partition), None
+            )
+            if meta is not None and meta.leader >= 0:
+                leaders.setdefault(meta.leader, []).append((topic, partition))
+        out: dict[tuple[str, int], int] = {}
+        for leader, owned in sorted(leaders.items()):
+            conn = self.connection(leader, max(deadline - time.monotonic(), 0.001))
+            version = conn.version_for(m.API_LIST_OFFSETS, m.SUPPORTED_VERSIONS[m.API_LIST_OFFSETS])
+            if version is None:
+                raise UnsupportedBrokerError(self._unsupported_message(conn, m.API_LIST_OFFSETS))
+            payload, response_type = m.list_offsets_call(owned, timestamp, read_committed, version)
+            response = conn.request(payload, response_type, max(deadline - time.monotonic(), 0.001))
+            for key, (error, offset) in m.list_offsets_from_kio(response).items():
+                if error == 0 and offset >= 0:
+                    out[key] = offset
+        return out
+
     def set_sasl_credentials(self, username: str, password: str) -> None:
         """Use these SASL PLAIN/SCRAM credentials from the next connection on; connections
         already authenticated stay up (as librdkafka's ``rd_kafka_sasl_set_credentials``)."""

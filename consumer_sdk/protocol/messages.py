@@ -28,6 +28,14 @@ from kio.schema.find_coordinator.v5 import request as fc_req_v5
 from kio.schema.find_coordinator.v5 import response as fc_resp_v5
 from kio.schema.find_coordinator.v6 import request as fc_req_v6
 from kio.schema.find_coordinator.v6 import response as fc_resp_v6
+from kio.schema.list_groups.v5 import request as lg_req_v5
+from kio.schema.list_groups.v5 import response as lg_resp_v5
+from kio.schema.list_offsets.v7 import request as lo_req_v7
+from kio.schema.list_offsets.v7 import response as lo_resp_v7
+from kio.schema.list_offsets.v8 import request as lo_req_v8
+from kio.schema.list_offsets.v8 import response as lo_resp_v8
+from kio.schema.list_offsets.v9 import request as lo_req_v9
+from kio.schema.list_offsets.v9 import response as lo_resp_v9
 from kio.schema.metadata.v10 import request as md_req_v10
 from kio.schema.metadata.v10 import response as md_resp_v10
 from kio.schema.metadata.v11 import request as md_req_v11
@@ -68,6 +76,8 @@ __all__ = [
     "API_CONSUMER_GROUP_DESCRIBE",
     "API_CONSUMER_GROUP_HEARTBEAT",
     "API_FIND_COORDINATOR",
+    "API_LIST_GROUPS",
+    "API_LIST_OFFSETS",
     "API_METADATA",
     "API_NAMES",
     "API_OFFSET_COMMIT",
@@ -76,7 +86,9 @@ __all__ = [
     "api_name",
 ]
 
+API_LIST_OFFSETS = 2
 API_OFFSET_COMMIT = 8
+API_LIST_GROUPS = 16
 API_OFFSET_FETCH = 9
 API_METADATA = 3
 API_FIND_COORDINATOR = 10
@@ -92,6 +104,8 @@ API_NAMES = {
     36: "SaslAuthenticate",
     API_CONSUMER_GROUP_HEARTBEAT: "ConsumerGroupHeartbeat",
     API_CONSUMER_GROUP_DESCRIBE: "ConsumerGroupDescribe",
+    API_LIST_GROUPS: "ListGroups",
+    API_LIST_OFFSETS: "ListOffsets",
 }
 
 
@@ -118,6 +132,8 @@ _OF = {
     9: (of_req_v9, of_resp_v9),
 }
 _CGD = {0: (cgd_req_v0, cgd_resp_v0), 1: (cgd_req_v1, cgd_resp_v1)}
+_LG = {5: (lg_req_v5, lg_resp_v5)}
+_LO = {7: (lo_req_v7, lo_resp_v7), 8: (lo_req_v8, lo_resp_v8), 9: (lo_req_v9, lo_resp_v9)}
 
 #: Versions this SDK implements, per API key (the highest one the broker also has is used).
 SUPPORTED_VERSIONS: dict[int, tuple[int, ...]] = {
@@ -127,6 +143,8 @@ SUPPORTED_VERSIONS: dict[int, tuple[int, ...]] = {
     API_OFFSET_COMMIT: (9,),
     API_OFFSET_FETCH: tuple(_OF),
     API_CONSUMER_GROUP_DESCRIBE: tuple(_CGD),
+    API_LIST_GROUPS: tuple(_LG),
+    API_LIST_OFFSETS: tuple(_LO),
 }
 
 
@@ -417,3 +435,72 @@ def consumer_group_describe_from_kio(resp: Any) -> list[dict[str, Any]]:
             }
         )
     return groups
+
+
+# -- ListGroups ----------------------------------------------------------------------------
+
+
+def list_groups_call(types: list[str], version: int) -> Call:
+    """ListGroups v5 with a type filter (``consumer``, ``classic``, ``share``; empty: all)."""
+    request_mod, response_mod = _LG[version]
+    return (
+        request_mod.ListGroupsRequest(states_filter=(), types_filter=tuple(types)),
+        response_mod.ListGroupsResponse,
+    )
+
+
+def list_groups_from_kio(resp: Any) -> tuple[int, list[dict[str, str]]]:
+    """The error code and one plain dict per group (id, state, type, protocol type)."""
+    return int(resp.error_code), [
+        {
+            "group_id": g.group_id,
+            "state": g.group_state,
+            "type": g.group_type,
+            "protocol_type": g.protocol_type,
+        }
+        for g in resp.groups
+    ]
+
+
+# -- ListOffsets ---------------------------------------------------------------------------
+
+#: ListOffsets timestamps: the offset after the last record / the log start offset.
+LATEST_TIMESTAMP = -1
+EARLIEST_TIMESTAMP = -2
+
+
+def list_offsets_call(
+    partitions: list[tuple[str, int]], timestamp: int, read_committed: bool, version: int
+) -> Call:
+    request_mod, response_mod = _LO[version]
+    by_topic: dict[str, list[int]] = defaultdict(list)
+    for topic, partition in partitions:
+        by_topic[topic].append(partition)
+    return (
+        request_mod.ListOffsetsRequest(
+            replica_id=i32(-1),
+            isolation_level=i8(1 if read_committed else 0),
+            topics=tuple(
+                request_mod.ListOffsetsTopic(
+                    name=TopicName(topic),
+                    partitions=tuple(
+                        request_mod.ListOffsetsPartition(
+                            partition_index=i32(p), timestamp=i64(timestamp)
+                        )
+                        for p in sorted(ps)
+                    ),
+                )
+                for topic, ps in sorted(by_topic.items())
+            ),
+        ),
+        response_mod.ListOffsetsResponse,
+    )
+
+
+def list_offsets_from_kio(resp: Any) -> dict[tuple[str, int], tuple[int, int]]:
+    """(topic, partition) -> (error code, offset)."""
+    return {
+        (t.name, int(p.partition_index)): (int(p.error_code), int(p.offset))
+        for t in resp.topics
+        for p in t.partitions
+    }
