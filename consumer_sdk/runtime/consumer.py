@@ -251,7 +251,10 @@ class Consumer(GroupMember):
             stats = json.loads(stats_json)
         except ValueError:
             stats = {}
-        self._client_metrics.absorb_statistics(stats, time.monotonic(), self._read_committed)
+        try:
+            self._client_metrics.absorb_statistics(stats, time.monotonic(), self._read_committed)
+        except (TypeError, ValueError, AttributeError) as exc:  # never fail poll() over metrics
+            log.debug("statistics not understood: %s", exc)
         callback = self._user_stats_cb
         if callback is None:
             return
