@@ -123,3 +123,48 @@ def test_consume_spans_no_nan_and_failed_calls(
     assert failed.status.status_code is StatusCode.ERROR
     assert failed.attributes["error.type"] == "_STATE"
     handle.uninstrument()
+
+
+def test_two_consumers_on_one_meter_are_two_series(embedded_kafka: EmbeddedKafka) -> None:
+    topic, group = "otel-two-t", "otel-two-g"
+    embedded_kafka.create_topic(topic, partitions=2)
+    reader = InMemoryMetricReader()
+    meters = MeterProvider(metric_readers=[reader])
+    consumers = [
+        Consumer({**config(embedded_kafka, group), "client.id": f"svc-{i}"}) for i in range(2)
+    ]
+    handles = [instrument(c, meter_provider=meters) for c in consumers]
+    try:
+        for c in consumers:
+            c.subscribe([topic])
+
+        def points() -> dict[str, float]:
+            for c in consumers:
+                c.poll(0.05)
+            data = reader.get_metrics_data()
+            for rm in data.resource_metrics if data is not None else ():
+                for sm in rm.scope_metrics:
+                    for m in sm.metrics:
+                        if m.name == "kafka.consumer.coordinator.assigned_partitions":
+                            return {
+                                str(p.attributes["messaging.client.id"]): p.value
+                                for p in m.data.data_points
+                            }
+            return {}
+
+        wait_for(lambda: points() == {"svc-0": 1, "svc-1": 1}, what="one partition each")
+        data = reader.get_metrics_data()
+        members = {
+            p.attributes["messaging.consumer.member.id"]
+            for rm in data.resource_metrics
+            for sm in rm.scope_metrics
+            for m in sm.metrics
+            if m.name == "kafka.consumer.coordinator.heartbeat_total"
+            for p in m.data.data_points
+        }
+        assert members == {c.member_id for c in consumers}
+        handles[0].uninstrument()
+        assert set(points()) == {"svc-1"}
+    finally:
+        for c in consumers:
+            c.close()
