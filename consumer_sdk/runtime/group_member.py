@@ -223,6 +223,8 @@ class GroupMember:
         if manual:
             assigned = tuple(sorted(manual))
         last_poll = self._net._last_poll_event
+        poll_age = time.monotonic() - last_poll if last_poll > 0 else None
+        heartbeat_age = None if answered is None else (now_ms - answered) / 1000
         lag_of: Callable[[], dict[Partition, int]] | None = getattr(self, "lag", None)
         lags = lag_of() if lag_of is not None else {}
         fatal = self._fatal.args[0].str() if self._fatal is not None else None
@@ -236,10 +238,10 @@ class GroupMember:
             coordinator_known=known,
             subscribed=state is not MemberState.UNSUBSCRIBED,
             manual=bool(manual),
-            heartbeat_age_s=None if answered is None else (now_ms - answered) / 1000,
+            heartbeat_age_s=heartbeat_age,
             heartbeat_interval_ms=interval,
             request_timeout_ms=int(self._request_timeout() * 1000),
-            poll_age_s=time.monotonic() - last_poll if last_poll > 0 else None,
+            poll_age_s=poll_age,
             max_poll_interval_ms=c.max_poll_interval_ms,
         )
         return Health(
@@ -252,8 +254,8 @@ class GroupMember:
             member_id=self.member_id,
             member_epoch=epoch,
             coordinator_known=known,
-            last_heartbeat_age_s=None if answered is None else (now_ms - answered) / 1000,
-            last_poll_age_s=time.monotonic() - last_poll if last_poll > 0 else None,
+            last_heartbeat_age_s=heartbeat_age,
+            last_poll_age_s=poll_age,
             assignment=assigned,
             lag_total=sum(lags.values()) if lags else None,
             last_error=self._client_metrics.last_error,
