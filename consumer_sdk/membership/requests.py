@@ -28,6 +28,7 @@ from consumer_sdk.membership.heartbeat import Backoff, Failure, FailureKind
 
 __all__ = [
     "COMMIT_RETRIABLE",
+    "TOPIC_GONE",
     "CommitKind",
     "CommitRequestManager",
     "CommitResult",
@@ -61,6 +62,10 @@ COMMIT_RETRIABLE = frozenset(
     }
 )
 _REDISCOVER = frozenset({E.NOT_COORDINATOR, E.COORDINATOR_NOT_AVAILABLE, E.REQUEST_TIMED_OUT})
+#: Partition errors that say the topic no longer exists. For a partition the member is
+#: releasing (the broker took it out of the assignment) they are not retried: the topic was
+#: deleted, and retrying would hold the revocation until the commit's deadline.
+TOPIC_GONE = frozenset({E.UNKNOWN_TOPIC_OR_PARTITION, E.UNKNOWN_TOPIC_ID})
 # An episode of retriable failures is logged at INFO when it starts and once at WARNING if it
 # lasts this many attempts (a coordinator still loading is normal for a few hundred ms).
 _WARN_AFTER = 5
@@ -311,6 +316,9 @@ class CommitResult:
     committed: Mapping[Partition, int]
     error_code: int = 0
     error_message: str = ""
+    #: Partitions being released whose topic is gone (error code per partition): not
+    #: committed and not retried.
+    dropped: Mapping[Partition, int] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -336,6 +344,8 @@ class _Pending:
     retry_at_ms: int = 0
     in_flight: bool = False
     epoch: int = -1  # the member epoch when the commit was made (used once the member left)
+    releasing: frozenset[Partition] = frozenset()
+    dropped: dict[Partition, int] = field(default_factory=dict)
 
 
 class CommitRequestManager:
@@ -375,13 +385,16 @@ class CommitRequestManager:
         kind: CommitKind,
         timeout_ms: int | None = None,
         epoch: int = -1,
+        releasing: Iterable[Partition] = (),
     ) -> int:
         """Queue a commit; returns its id (its `CommitResult` carries the same id).
 
         ``epoch`` is the member epoch the commit was made under: it is sent with the epoch
         current at send time, or with ``epoch`` if the member has left the group since (an
         asynchronous commit made in the revoke callback of a close that ends up sent after
-        the leave heartbeat still carries the epoch the offsets were consumed under)."""
+        the leave heartbeat still carries the epoch the offsets were consumed under).
+        ``releasing``: partitions the member is giving up; a `TOPIC_GONE` error for one of
+        them drops it from the commit (`CommitResult.dropped`) instead of retrying it."""
         commit_id = self._next_id
         self._next_id += 1
         todo = {
@@ -390,7 +403,9 @@ class CommitRequestManager:
             if o.offset >= 0 and o.offset > self._last_committed.get(p, -1)
         }
         deadline = now_ms + (self._default_timeout if timeout_ms is None else max(timeout_ms, 0))
-        pending = _Pending(commit_id, kind, todo, deadline, epoch=epoch)
+        pending = _Pending(
+            commit_id, kind, todo, deadline, epoch=epoch, releasing=frozenset(releasing)
+        )
         if not todo:
             self._completed.append(CommitResult(commit_id, kind, {}))
         else:
@@ -505,11 +520,19 @@ class CommitRequestManager:
                 p.committed[key] = offset
                 if offset > self._last_committed.get(key, -1):
                     self._last_committed[key] = offset
+            elif r.error_code in TOPIC_GONE and key in p.releasing:
+                del p.offsets[key]
+                p.dropped[key] = r.error_code
             else:
                 failed.append(r)
         rediscover = any(r.error_code in _REDISCOVER for r in failed)
         if not failed and not p.offsets:
-            self._finish(p, 0, "")
+            if p.dropped:
+                code = next(iter(p.dropped.values()))
+                gone = ", ".join(f"{t}[{n}]" for t, n in sorted(p.dropped))
+                self._finish(p, code, f"{gone}: the topic no longer exists; not retried")
+            else:
+                self._finish(p, 0, "")
             return rediscover
         if not failed:  # the broker left partitions out of its answer
             self._finish(p, int(E.UNKNOWN_SERVER_ERROR), "partitions missing from the response")
@@ -567,6 +590,10 @@ class CommitRequestManager:
         message = ""
         if code:
             message = f"commit failed: {E.name_of(code)}: {detail}".rstrip(": ")
-            level = logging.DEBUG if p.kind is CommitKind.SYNC else logging.WARNING
+            # A deleted topic's dropped offsets: the caller reports them (once).
+            quiet = p.kind is CommitKind.SYNC or (p.dropped and code in TOPIC_GONE)
+            level = logging.DEBUG if quiet else logging.WARNING
             log.log(level, "group %s: %s commit %s", self.group_id, p.kind.value.lower(), message)
-        self._completed.append(CommitResult(p.commit_id, p.kind, dict(p.committed), code, message))
+        self._completed.append(
+            CommitResult(p.commit_id, p.kind, dict(p.committed), code, message, dict(p.dropped))
+        )

@@ -594,10 +594,11 @@ class GroupMember:
                 deadline, max(self._close_deadline, time.monotonic() + _CLOSE_ATTEMPT_FLOOR_S)
             )
         try:
-            self._commit_with_retries(offsets, deadline, retry_stale=True)
+            self._commit_with_retries(offsets, deadline, retry_stale=True, releasing=pending)
         except KafkaException as exc:
             error = exc.args[0].str()
-            log.warning(
+            # The core logs the failure once it hears of it (CommitCompleted).
+            log.debug(
                 "group %s: commit before %s failed (%s); continuing",
                 self.group_id,
                 event.reason,
@@ -653,16 +654,20 @@ class GroupMember:
         offsets: Mapping[Partition, OffsetAndMetadata],
         deadline: float,
         retry_stale: bool,
+        releasing: Iterable[Partition] = (),
     ) -> dict[Partition, int]:
         """Commit and wait (this thread) for the loop to finish it: retriable errors are
         retried with backoff until ``deadline`` (``retry_stale``: STALE_MEMBER_EPOCH too, for
-        the commit before a revocation or leave). The outcome goes to ``on_commit``; a
-        failure is raised (``CommitFailedError`` naming the error)."""
+        the commit before a revocation or leave), except a deleted topic's partitions among
+        ``releasing``, which fail at once. The outcome goes to ``on_commit``; a failure is
+        raised (``CommitFailedError`` naming the error)."""
         kind = CommitKind.REBALANCE if retry_stale else CommitKind.SYNC
-        result = self._net.commit_sync(offsets, max(deadline - time.monotonic(), 0.05), kind)
+        result = self._net.commit_sync(
+            offsets, max(deadline - time.monotonic(), 0.05), kind, releasing=releasing
+        )
         self._check_network()
+        committed = dict(result.committed)
         if result.ok:
-            committed = dict(result.committed)
             if committed:
                 self._report_commit(None, {p: offsets[p] for p in committed})
             return committed
@@ -670,11 +675,17 @@ class GroupMember:
         error = CommitFailedError(
             code,
             result.error_message.removeprefix(f"commit failed: {ErrorCode.name_of(code)}: "),
-            retriable=code in COMMIT_RETRIABLE,
+            retriable=code in COMMIT_RETRIABLE and not result.dropped,
         )
         self._client_metrics.record_commit_failed()
         self._note_error(error.args[0])
-        self._report_commit(error.args[0], offsets)
+        if committed and result.dropped:
+            # Only the deleted topics' offsets failed: report the others as committed.
+            self._report_commit(None, {p: offsets[p] for p in committed})
+            failed = {p: o for p, o in offsets.items() if p not in committed}
+        else:
+            failed = dict(offsets)
+        self._report_commit(error.args[0], failed)
         raise error
 
     def commit(
@@ -730,8 +741,10 @@ class GroupMember:
             )
         if timeout is None:
             timeout = self._config.connection.socket_timeout_ms / 1000
+        with self._core_lock:
+            releasing = set(self._core.pending_revocation) | set(self._revoking)
         committed = self._commit_with_retries(
-            todo, time.monotonic() + max(timeout, 0.0), retry_stale=False
+            todo, time.monotonic() + max(timeout, 0.0), retry_stale=False, releasing=releasing
         )
         return [TopicPartition(t, p, o) for (t, p), o in sorted(committed.items())]
 

@@ -21,7 +21,7 @@ import random
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Concatenate, ParamSpec
 
 from confluent_kafka import KafkaError
@@ -403,12 +403,19 @@ class MemberNetwork:
         self._loop.call_soon(self._conns.clear)
 
     def commit_sync(
-        self, offsets: Mapping[Partition, OffsetLike], timeout_s: float, kind: CommitKind
+        self,
+        offsets: Mapping[Partition, OffsetLike],
+        timeout_s: float,
+        kind: CommitKind,
+        releasing: Iterable[Partition] = (),
     ) -> CommitResult:
-        """Commit and wait for the outcome (at most ``timeout_s`` plus a little)."""
+        """Commit and wait for the outcome (at most ``timeout_s`` plus a little);
+        ``releasing`` as in `CommitRequestManager.commit`."""
         done = threading.Event()
         with self._lock:
-            commit_id = self.commits.commit(_now_ms(), offsets, kind, int(timeout_s * 1000))
+            commit_id = self.commits.commit(
+                _now_ms(), offsets, kind, int(timeout_s * 1000), releasing=releasing
+            )
             self._commit_waiters[commit_id] = done
         self.wake()
         done.wait(timeout_s + 1.0)

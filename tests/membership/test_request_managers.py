@@ -232,3 +232,20 @@ def test_non_retriable_failure_ends_sync_commit_at_once() -> None:
     cm.on_response(1, a, results(E.UNKNOWN_MEMBER_ID, ("t", 0)))
     (done,) = cm.drain_completed()
     assert done.error_code == E.UNKNOWN_MEMBER_ID and "UNKNOWN_MEMBER_ID" in done.error_message
+
+
+def test_deleted_topic_of_a_released_partition_is_dropped_not_retried() -> None:
+    cm = CommitRequestManager("g", None, backoff())
+    gone, keep = ("gone", 0), ("keep", 0)
+    cid = cm.commit(0, {gone: Off(5), keep: Off(7)}, CommitKind.REBALANCE, 60_000, releasing=[gone])
+    cm.poll(0, "m", 1, True)
+    cm.on_response(1, cid, results(E.UNKNOWN_TOPIC_OR_PARTITION, gone) + results(0, keep))
+    (done,) = cm.drain_completed()
+    assert done.error_code == E.UNKNOWN_TOPIC_OR_PARTITION and "gone[0]" in done.error_message
+    assert done.committed == {keep: 7} and done.dropped == {gone: E.UNKNOWN_TOPIC_OR_PARTITION}
+    assert cm.pending == 0
+    # A partition the member keeps is retried as before (the error may be transient).
+    cid = cm.commit(2, {keep: Off(9)}, CommitKind.REBALANCE, 60_000, releasing=[gone])
+    cm.poll(2, "m", 1, True)
+    cm.on_response(3, cid, results(E.UNKNOWN_TOPIC_OR_PARTITION, keep))
+    assert cm.drain_completed() == [] and cm.pending == 1
