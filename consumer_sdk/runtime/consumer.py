@@ -82,6 +82,8 @@ class Consumer(GroupMember):
     commits under ``group.id`` with generation -1, as confluent-kafka does.
     """
 
+    _ERRORS_AS_EVENTS = True
+
     def __init__(self, config: Mapping[str, Any]) -> None:
         # Set before the network side starts (the loop thread reads _manual).
         # Manual assignment (assign/incremental_assign): partition -> offset as given.
@@ -120,22 +122,26 @@ class Consumer(GroupMember):
     # -- records ----------------------------------------------------------------------------
 
     def poll(self, timeout: float | None = None) -> Message | None:
-        """One record (or error event) within ``timeout`` seconds, else None.
+        """One record or error event within ``timeout`` seconds, else None.
 
-        ``None`` (the default) or a negative timeout blocks until a record, an error or a
-        callback that ran (then it returns None), as confluent-kafka. Rebalance callbacks,
-        ``on_commit`` and ``error_cb`` run here; callback exceptions and the member's errors
-        are raised.
+        ``None`` (the default) or a negative timeout blocks until a record or an error event,
+        as confluent-kafka. Rebalance callbacks, ``on_commit`` and ``error_cb`` run here.
+        Group errors come back as error events (a ``Message`` whose ``error()`` is set: the
+        group or a topic not authorized, ``_MAX_POLL_EXCEEDED``, ``_FATAL``), client errors
+        (transport, authentication) go to ``error_cb``, as in confluent-kafka; exceptions
+        raised by callbacks are raised here, and so is a fatal error on later calls.
         """
+        if self._error_events and not self._closed:
+            return self._error_events.popleft()
         if self._closed or self._fatal is not None or self._net.failure is not None:
             self._ensure_usable()
         now = time.monotonic()
         if now >= self._next_post_poll:
             self._post_poll_limited(now)
-        events, queued = self._core.background_events, self._app_callbacks
-        forever = timeout is None or timeout < 0
-        if (events or queued) and self._dispatch_background_events() and forever:
-            return self._fetcher.poll(0)
+        if self._core.background_events or self._app_callbacks:
+            self._dispatch_background_events()
+            if self._error_events:
+                return self._error_events.popleft()
         # Fast path: a record is already buffered.
         msg = self._fetcher.poll(0)
         if msg is not None:
@@ -151,9 +157,10 @@ class Consumer(GroupMember):
             if msg is not None:
                 return msg
             self._net.note_poll()
-            failed = self._net.failure is not None
-            if (events or queued or failed) and self._dispatch_background_events() and forever:
-                return None
+            if self._core.background_events or self._app_callbacks or self._net.failure:
+                self._dispatch_background_events()
+                if self._error_events:
+                    return self._error_events.popleft()
 
     def _post_poll_limited(self, now: float) -> None:
         # note_poll posts at most once per _REBALANCE_POLL_GAP_S; asking it more often
@@ -162,24 +169,25 @@ class Consumer(GroupMember):
         self._net.note_poll()
 
     def consume(self, num_messages: int = 1, timeout: float | None = None) -> list[Message]:
-        """Up to ``num_messages`` records within ``timeout`` seconds; ``None`` (the default)
-        or a negative timeout blocks until at least one record, an error or a callback that
-        ran (then it returns ``[]``)."""
+        """Up to ``num_messages`` records (and error events, as ``poll()``) within
+        ``timeout`` seconds; ``None`` (the default) or a negative timeout blocks until at
+        least one."""
+        if self._error_events and not self._closed:
+            return self._take_error_events()
         if self._closed or self._fatal is not None or self._net.failure is not None:
             self._ensure_usable()
         if num_messages < 1:
             raise ValueError(f"num_messages must be >= 1, got {num_messages}")
-        forever = timeout is None or timeout < 0
         now = time.monotonic()
         if now >= self._next_post_poll:
             self._post_poll_limited(now)
         wait = _wait_seconds(timeout)
         deadline = now + wait
         while True:
-            if (self._core.background_events or self._app_callbacks or self._net.failure) and (
-                self._dispatch_background_events() and forever
-            ):
-                return self._fetcher.consume(num_messages, 0)
+            if self._core.background_events or self._app_callbacks or self._net.failure:
+                self._dispatch_background_events()
+                if self._error_events:
+                    return self._take_error_events()
             # librdkafka waits to fill the batch: at most a fetch slice, so records that are
             # there go out soon (see docs/migration.md), even when a waker would allow longer.
             slice_s = min(self._slice(), _FETCH_SLICE_S)
@@ -191,6 +199,11 @@ class Consumer(GroupMember):
             if wait <= 0:
                 return msgs
             self._net.note_poll()
+
+    def _take_error_events(self) -> list[Message]:
+        events = list(self._error_events)
+        self._error_events.clear()
+        return events
 
     def store_offsets(
         self,

@@ -57,6 +57,12 @@ from consumer_sdk.membership.requests import (
 from consumer_sdk.observability.client_metrics import ClientMetrics
 from consumer_sdk.observability.health import IN_GROUP_STATES, Health
 from consumer_sdk.observability.health import evaluate as evaluate_health
+from consumer_sdk.runtime.error_channel import (
+    client_error,
+    error_event,
+    fatal_event,
+    for_error_cb,
+)
 from consumer_sdk.runtime.member_network import MemberNetwork
 from consumer_sdk.runtime.offsets import CommitFailedError, OffsetAndMetadata, committed_offsets
 
@@ -113,6 +119,10 @@ class GroupMember:
     `Consumer` adds record fetching on top.
     """
 
+    # Consumer returns consumer errors from poll() as error events; a GroupMember, which
+    # returns no messages, raises them (or gives them to error_cb).
+    _ERRORS_AS_EVENTS = False
+
     def __init__(self, config: Mapping[str, Any]) -> None:
         self._config = ConsumerConfig.from_mapping(config)
         c = self._config
@@ -131,6 +141,8 @@ class GroupMember:
         # Results for on_commit and errors for error_cb, queued by either thread and delivered
         # on the application thread inside poll()/consume()/close().
         self._app_callbacks: deque[tuple[str, Any]] = deque()
+        # Consumer errors for poll()/consume() to return as error events (Consumer only).
+        self._error_events: deque[Message] = deque()
         self._on_commit: CommitCallback | None = c.callbacks.get("on_commit")
         self._error_cb: ErrorCallback | None = c.callbacks.get("error_cb")
         self._leave_sent_at: float | None = None
@@ -288,13 +300,16 @@ class GroupMember:
             self._leave_sent_at = time.monotonic()
         elif event.new is MemberState.PREPARE_LEAVING and event.reason.startswith("poll timer"):
             ms = self._config.max_poll_interval_ms
-            self._queue_error(
-                KafkaError(
-                    KafkaError._MAX_POLL_EXCEEDED,
-                    f"Application maximum poll interval ({ms}ms) exceeded: leaving the group; "
-                    "the member rejoins on the next poll()",
-                )
+            error = KafkaError(
+                KafkaError._MAX_POLL_EXCEEDED,
+                f"Application maximum poll interval ({ms}ms) exceeded: leaving the group; "
+                "the member rejoins on the next poll()",
             )
+            if self._ERRORS_AS_EVENTS:  # librdkafka returns it from poll() as an event
+                self._app_callbacks.append(("event", error))
+                self._net.notify()
+            else:
+                self._queue_error(error)
 
     def subscribe(
         self,
@@ -467,6 +482,9 @@ class GroupMember:
                 elif kind == "error" and self._error_cb is not None:
                     ran = True
                     self._error_cb(payload)
+                elif kind == "event":
+                    ran = True
+                    self._error_events.append(error_event(payload))
             except BaseException as exc:
                 if raised is None:
                     raised = exc
@@ -492,20 +510,7 @@ class GroupMember:
         if isinstance(event, CommitNeeded):
             self._commit_needed(event)
         elif isinstance(event, ErrorEvent):
-            error = KafkaError(
-                event.code, event.message, fatal=event.fatal, retriable=not event.fatal
-            )
-            self._note_error(error)
-            if event.fatal:
-                self._fatal = KafkaException(error)
-                if self._error_cb is not None:
-                    self._error_cb(error)
-                raise self._fatal
-            if self._error_cb is not None:
-                # Non-fatal group errors go to error_cb, as in confluent-kafka.
-                self._error_cb(error)
-                return True
-            raise KafkaException(error)
+            return self._deliver_error(event)
         elif isinstance(event, LeaveCompleted):
             self._leave_done.set()
         elif isinstance(event, StateChanged):
@@ -517,6 +522,37 @@ class GroupMember:
                 event.reason,
             )
         return False
+
+    def _deliver_error(self, event: ErrorEvent) -> bool:
+        """Hand a group error to the application the way confluent-kafka does (see
+        `error_channel`); True if it was delivered (an event queued or error_cb run)."""
+        error = KafkaError(event.code, event.message, fatal=event.fatal, retriable=not event.fatal)
+        self._note_error(error)
+        if event.fatal:
+            self._fatal = KafkaException(error)
+            if self._ERRORS_AS_EVENTS:
+                # poll() returns the _FATAL event first; later calls raise the error.
+                self._error_events.append(error_event(fatal_event(error)))
+                return True
+            if self._error_cb is not None:
+                self._error_cb(error)
+            raise self._fatal
+        if client_error(event.code):
+            error = for_error_cb(error)
+            if self._error_cb is not None:
+                self._error_cb(error)
+                return True
+            if not self._ERRORS_AS_EVENTS:
+                raise KafkaException(error)
+            log.error("group %s: %s (no error_cb configured)", self.group_id, error.str())
+            return False
+        if self._ERRORS_AS_EVENTS:
+            self._error_events.append(error_event(error))
+            return True
+        if self._error_cb is not None:
+            self._error_cb(error)
+            return True
+        raise KafkaException(error)
 
     def _run_callback(self, event: CallbacksNeeded) -> bool:
         parts = list(event.partitions)

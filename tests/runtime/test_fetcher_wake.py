@@ -58,18 +58,28 @@ def test_wake_ends_a_wait_and_a_wake_before_the_wait_is_kept(
 def test_a_consumer_blocked_in_poll_runs_its_assignment_callback(
     embedded_kafka: EmbeddedKafka,
 ) -> None:
-    """poll() with no timeout returns once a callback ran; the network loop wakes it."""
+    """poll() with no timeout runs on_assign while it blocks (the network loop wakes it) and
+    goes on waiting, as confluent-kafka's, until a record comes."""
     topic = "wake-consumer"
     embedded_kafka.create_topic(topic, partitions=2)
     consumer = Consumer(config(embedded_kafka, "wake-consumer-g"))
+    assigned: list[TopicPartition] = []
+
+    def produce_once_assigned() -> None:
+        wait_for(lambda: assigned, timeout=30, what="on_assign")
+        embedded_kafka.produce(topic, [b"after-assign"], partition=1)
+
+    producer = threading.Thread(target=produce_once_assigned, daemon=True)
     try:
         assert consumer._fetcher.wakeable
         assert consumer._net.app_waker is not None
-        assigned: list[TopicPartition] = []
         consumer.subscribe([topic], on_assign=lambda c, parts: assigned.extend(parts))
-        wait_for(lambda: consumer.poll() is None and assigned, timeout=30, what="on_assign")
+        producer.start()
+        msg = consumer.poll()
+        assert msg is not None and msg.error() is None and msg.value() == b"after-assign"
         assert sorted(tp.partition for tp in assigned) == [0, 1]
     finally:
+        producer.join(30)
         consumer.close()
 
 

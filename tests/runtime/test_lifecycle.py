@@ -550,16 +550,28 @@ def test_on_commit_runs_for_every_commit_on_the_application_thread(kafka: Embedd
     assert {name for *_, name in calls} == {me}
 
 
-def test_error_cb_gets_poll_interval_exceeded(kafka: EmbeddedKafka) -> None:
+def test_poll_returns_poll_interval_exceeded_as_an_event(kafka: EmbeddedKafka) -> None:
+    """As librdkafka: an error event from poll() (error_cb is not called for it)."""
     topic, group = "lc-errcb", "lc-errcb-g"
     kafka.create_topic(topic, partitions=1)
     errors: list[KafkaError] = []
-    c = Consumer(_conf(kafka, group, **{"max.poll.interval.ms": 1000, "error_cb": errors.append}))
+    cb_errors: list[KafkaError] = []
+    c = Consumer(
+        _conf(kafka, group, **{"max.poll.interval.ms": 1000, "error_cb": cb_errors.append})
+    )
     c.subscribe([topic])
+
+    def polled_error() -> bool:
+        msg = c.poll(0.05)
+        if msg is not None and msg.error() is not None:
+            errors.append(msg.error())
+        return bool(errors)
+
     try:
         _poll_until(c, lambda: c.state is MemberState.STABLE, "stable")
         wait_for(lambda: c.state is MemberState.STALE, timeout=10, what="stale")
-        _poll_until(c, lambda: bool(errors), "error_cb")
+        wait_for(polled_error, timeout=10, what="the error event from poll()")
+        assert cb_errors == []
         assert errors[0].code() == KafkaError._MAX_POLL_EXCEEDED
         assert "maximum poll interval (1000ms) exceeded" in errors[0].str()
         _poll_until(c, lambda: c.state is MemberState.STABLE, "rejoined")
