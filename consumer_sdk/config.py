@@ -73,6 +73,8 @@ FETCHER_KEYS = frozenset(
         "ssl.cipher.suites",
         "ssl.curves.list",
         "ssl.sigalgs.list",
+        # KIP-714: the fetcher's librdkafka pushes its own metrics when the broker asks.
+        "enable.metrics.push",
     }
 )
 
@@ -84,6 +86,7 @@ _CONNECTION_KEYS = frozenset(
         "security.protocol",
         "socket.timeout.ms",
         "socket.connection.setup.timeout.ms",
+        "broker.address.family",
         "reconnect.backoff.ms",
         "reconnect.backoff.max.ms",
         "receive.message.max.bytes",
@@ -161,6 +164,7 @@ class ConsumerConfig(BaseModel):
     retry_backoff_ms: int = Field(default=100, ge=1, le=300_000, alias="retry.backoff.ms")
     retry_backoff_max_ms: int = Field(default=1_000, ge=1, le=300_000, alias="retry.backoff.max.ms")
     enable_auto_offset_store: bool = Field(default=True, alias="enable.auto.offset.store")
+    allow_auto_create_topics: bool = Field(default=False, alias="allow.auto.create.topics")
 
     connection: ConnectionSettings = Field(exclude=True)
     fetcher_overrides: dict[str, Any] = Field(default_factory=dict, exclude=True)

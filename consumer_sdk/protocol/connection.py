@@ -92,6 +92,28 @@ def pick_version(
     return max(usable) if usable else None
 
 
+_FAMILIES = {"any": socket.AF_UNSPEC, "v4": socket.AF_INET, "v6": socket.AF_INET6}
+
+
+def _connect(host: str, port: int, timeout_s: float, family: str) -> socket.socket:
+    """A TCP connection to the first address of ``host`` that accepts it, among those of
+    ``family`` (broker.address.family: any, v4 or v6), within ``timeout_s`` per attempt."""
+    if family == "any":
+        return socket.create_connection((host, port), timeout=timeout_s)
+    error: OSError | None = None
+    infos = socket.getaddrinfo(host, port, _FAMILIES[family], socket.SOCK_STREAM)
+    for af, kind, proto, _, address in infos:
+        sock = socket.socket(af, kind, proto)
+        try:
+            sock.settimeout(timeout_s)
+            sock.connect(address)
+            return sock
+        except OSError as exc:
+            sock.close()
+            error = exc
+    raise error or OSError(f"no {family} address for {host}")
+
+
 class BrokerConnection:
     """A blocking, negotiated connection to one broker."""
 
@@ -128,7 +150,9 @@ class BrokerConnection:
         deadline = time.monotonic() + timeout_s
         self.close()
         try:
-            sock = socket.create_connection((self.host, self.port), timeout=max(timeout_s, 0.001))
+            sock = _connect(
+                self.host, self.port, max(timeout_s, 0.001), self.settings.address_family
+            )
         except OSError as exc:
             raise KafkaTransportError(
                 f"connect to {self.host}:{self.port} failed: {exc.strerror or exc}"

@@ -26,6 +26,7 @@ from consumer_sdk.protocol.oauth import (
 
 SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
 SaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER"]
+AddressFamily = Literal["any", "v4", "v6"]
 
 _PROTOCOLS: tuple[str, ...] = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 _MECHANISMS: tuple[str, ...] = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER")
@@ -90,6 +91,8 @@ class ConnectionSettings:
     security_protocol: SecurityProtocol = "PLAINTEXT"
     socket_timeout_ms: int = 60_000
     connection_setup_timeout_ms: int = 30_000
+    #: broker.address.family: which addresses of a broker's host name to connect to.
+    address_family: AddressFamily = "any"
     reconnect_backoff_ms: int = 100
     reconnect_backoff_max_ms: int = 1_000
     receive_message_max_bytes: int = 100_000_000
@@ -246,11 +249,15 @@ class ConnectionSettings:
                 f"and sasl.mechanism={mechanism}"
             )
         client_id = get_str("client.id") or "consumer-sdk"
+        family = str(config.get("broker.address.family", "any")).lower()
+        if family not in ("any", "v4", "v6"):
+            raise ConfigError(f"broker.address.family: expected any, v4 or v6, got {family!r}")
         settings = cls(
             client_id=client_id,
             security_protocol=protocol,  # type: ignore[arg-type]
             socket_timeout_ms=get_int("socket.timeout.ms", 60_000, 10),
             connection_setup_timeout_ms=get_int("socket.connection.setup.timeout.ms", 30_000, 10),
+            address_family=family,  # type: ignore[arg-type]
             reconnect_backoff_ms=get_int("reconnect.backoff.ms", 100),
             reconnect_backoff_max_ms=get_int("reconnect.backoff.max.ms", 1_000),
             receive_message_max_bytes=get_int("receive.message.max.bytes", 100_000_000, 1000),

@@ -577,7 +577,7 @@ class MemberNetwork:
             self._send_any(
                 KioCall(
                     m.API_METADATA,
-                    lambda v: m.metadata_call(topics, v),
+                    lambda v: m.metadata_call(topics, v, self.config.allow_auto_create_topics),
                     m.metadata_from_kio,
                     self._client_id,
                 ),
