@@ -26,6 +26,7 @@ from pydantic import (
 
 from consumer_sdk.errors import ConfigError
 from consumer_sdk.membership.config import MembershipConfig
+from consumer_sdk.observability.log_routing import LIBRDKAFKA_LOGGER
 from consumer_sdk.protocol.security import (
     ConnectionSettings,
     parse_bool,
@@ -320,6 +321,8 @@ class ConsumerConfig(BaseModel):
         # error_cb, stats_cb, logger, throttle_cb, oauth_cb: librdkafka's own (error_cb also
         # gets the group-level errors from the membership runtime).
         conf.update({k: v for k, v in self.callbacks.items() if k not in _RUNTIME_CALLBACKS})
+        # librdkafka's log lines through Python logging, never raw to stderr.
+        conf.setdefault("logger", LIBRDKAFKA_LOGGER)
         return conf
 
 

@@ -16,7 +16,17 @@ import logging
 import threading
 from collections.abc import Iterator
 
-__all__ = ["enable_routing", "route_thread_logs", "routed_logs", "unroute_thread_logs"]
+__all__ = [
+    "LIBRDKAFKA_LOGGER",
+    "enable_routing",
+    "route_thread_logs",
+    "routed_logs",
+    "unroute_thread_logs",
+]
+
+#: Where the fetcher's librdkafka log lines go when no ``logger`` is configured (librdkafka
+#: would print them to stderr); confluent-kafka maps their syslog levels to logging's.
+LIBRDKAFKA_LOGGER = logging.getLogger("consumer_sdk.librdkafka")
 
 _SDK_LOGGERS = (
     "consumer_sdk",
