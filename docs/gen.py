@@ -15,7 +15,7 @@ DOCS = Path(__file__).resolve().parent
 
 
 def configuration_page() -> str:
-    from consumer_sdk.config import FETCHER_KEYS, FORBIDDEN_KEYS, ConsumerConfig
+    from consumer_sdk.config import CONNECTION_KEYS, FETCHER_KEYS, FORBIDDEN_KEYS, ConsumerConfig
     from consumer_sdk.protocol.security import ConnectionSettings
 
     lines = [
@@ -50,7 +50,11 @@ def configuration_page() -> str:
         "`latest` or `error` (`smallest`/`largest`/`beginning`/`end` accepted).",
         "retry.backoff.ms": "Initial heartbeat/FindCoordinator retry backoff.",
         "retry.backoff.max.ms": "Maximum retry backoff.",
-        "enable.auto.offset.store": "Accepted for compatibility; positions are always tracked.",
+        "enable.auto.offset.store": "With `false`, auto-commit and `commit()` without arguments "
+        "commit only the offsets stored with `store_offsets()` (which needs `false`).",
+        "allow.auto.create.topics": "With `true`, the member's metadata request for the "
+        "subscription lets the broker create subscribed topics that do not exist (if the broker "
+        "allows it).",
     }
     for field in ConsumerConfig.model_fields.values():
         if field.exclude or not field.alias:
@@ -69,6 +73,7 @@ def configuration_page() -> str:
         "security.protocol": defaults.security_protocol,
         "socket.timeout.ms": defaults.socket_timeout_ms,
         "socket.connection.setup.timeout.ms": defaults.connection_setup_timeout_ms,
+        "broker.address.family": defaults.address_family,
         "reconnect.backoff.ms": defaults.reconnect_backoff_ms,
         "reconnect.backoff.max.ms": defaults.reconnect_backoff_max_ms,
         "receive.message.max.bytes": defaults.receive_message_max_bytes,
@@ -100,6 +105,9 @@ def configuration_page() -> str:
         "https.ca.location": None,
         "https.ca.pem": None,
     }
+    model_keys = {f.alias for f in ConsumerConfig.model_fields.values() if f.alias}
+    for key in sorted(CONNECTION_KEYS - model_keys - set(connection_keys)):
+        connection_keys[key] = None  # e.g. the sasl.mechanisms spelling
     for key, value in connection_keys.items():
         lines.append(f"| `{key}` | `{value!r}` |")
     lines += [
@@ -127,7 +135,9 @@ def configuration_page() -> str:
         "",
         "Callbacks: `error_cb`, `stats_cb` (librdkafka's statistics JSON with this member's `cgrp` "
         "block), `logger` (a `logging.Logger`; the SDK's own records of this consumer go to it "
-        "too), `throttle_cb`, `oauth_cb` (also the group connection's token source).",
+        "too; without it the fetcher's librdkafka lines go to the `consumer_sdk.librdkafka` "
+        "logger, never to stderr), `throttle_cb`, `oauth_cb` (also the group connection's token "
+        "source), `on_commit` (run by the SDK for every commit).",
         "",
     ]
     return "\n".join(lines)
