@@ -98,8 +98,9 @@ def test_deleted_topic_is_revoked_and_the_rest_flows(
     keep, gone = unique("dt-keep"), unique("dt-gone")
     real_kafka.create_topic(keep, partitions=2)
     real_kafka.create_topic(gone, partitions=2)
-    real_kafka.produce(keep, [b"k"] * 10)
-    real_kafka.produce(gone, [b"g"] * 10)
+    for partition in (0, 1):  # records in every partition: each has an offset to commit
+        real_kafka.produce(keep, [b"k"] * 5, partition=partition)
+        real_kafka.produce(gone, [b"g"] * 5, partition=partition)
     before = set(_sdk_threads())
     clients = {}
     for impl in ("sdk", "ck"):
@@ -118,7 +119,8 @@ def test_deleted_topic_is_revoked_and_the_rest_flows(
             wait_for(lambda c=c: len(c.records) == 20, WAIT_S, f"{c.impl}: the first records")
         caplog.set_level(logging.WARNING, logger="consumer_sdk")
         real_kafka.delete_topic(gone)
-        real_kafka.produce(keep, [b"k2"] * 10)
+        for partition in (0, 1):
+            real_kafka.produce(keep, [b"k2"] * 5, partition=partition)
         gone_parts = [(gone, 0), (gone, 1)]
         for c in clients.values():
             wait_for(
