@@ -538,13 +538,14 @@ class GroupMember:
                 self._error_cb(error)
             raise self._fatal
         if client_error(event.code):
-            error = for_error_cb(error)
             if self._error_cb is not None:
-                self._error_cb(error)
+                self._error_cb(for_error_cb(error))
                 return True
             if not self._ERRORS_AS_EVENTS:
                 raise KafkaException(error)
-            log.error("group %s: %s (no error_cb configured)", self.group_id, error.str())
+            # Logged, as confluent-kafka does without error_cb (to the `logger` if set).
+            target = self._config.callbacks.get("logger") or log
+            target.error("group %s: %s (no error_cb configured)", self.group_id, error.str())
             return False
         if self._ERRORS_AS_EVENTS:
             self._error_events.append(error_event(error))

@@ -189,7 +189,8 @@ def test_duplicate_instance_id_is_the_brokers_error_for_both_clients(
     real_kafka: KafkaCluster,
 ) -> None:
     """A second live member with a taken instance id gets UNRELEASED_INSTANCE_ID, whichever
-    client holds the id: fatal from the SDK's poll(), like confluent-kafka's fatal error."""
+    client holds the id: a _FATAL event from poll() naming it, as confluent-kafka's; then the
+    SDK raises the fatal error itself."""
     kafka = real_kafka
     topic = unique("dup")
     kafka.create_topic(topic, 2)
@@ -199,8 +200,19 @@ def test_duplicate_instance_id_is_the_brokers_error_for_both_clients(
     try:
         wait_for(lambda: len(holder.owned) == 2, timeout=60, what="confluent-kafka holding i-1")
         duplicate.subscribe([topic])
+        events: list[confluent_kafka.KafkaError] = []
+
+        def fatal_event() -> bool:
+            msg = duplicate.poll(0.2)
+            if msg is not None and msg.error() is not None:
+                events.append(msg.error())
+            return bool(events)
+
+        wait_for(fatal_event, timeout=30, what="the SDK's _FATAL event")
+        assert events[0].code() == confluent_kafka.KafkaError._FATAL
+        assert "UNRELEASED_INSTANCE_ID" in events[0].str()
         with pytest.raises(KafkaException, match="UNRELEASED_INSTANCE_ID") as info:
-            wait_for(lambda: duplicate.poll(0.2) and False, timeout=30)
+            duplicate.poll(0.2)
         assert info.value.args[0].fatal() and info.value.args[0].code() == 111
         assert duplicate.state is MemberState.FATAL
         assert len(holder.owned) == 2 and not holder.errors

@@ -224,14 +224,16 @@ def test_credentials_never_appear_in_repr_logs_metrics_or_exceptions(
         for password, group in ((PASSWORD, "sec-leak-ok"), (WRONG, "sec-leak-bad")):
             settings = sasl(certs["good"].ca, "SCRAM-SHA-256", password)
             settings["ssl_key_password"] = "key-Pa55word-" + password
-            consumer = Consumer(config(f"localhost:{px.port}", group, **settings))
+            errors: list[KafkaError] = []
+            conf = config(f"localhost:{px.port}", group, **settings)
+            consumer = Consumer({**conf, "error_cb": errors.append})
             app = App(consumer)
             try:
                 consumer.subscribe(["sec"])
                 if password == PASSWORD:
                     joined(app)
                 else:
-                    app.poll_until(lambda a=app: a.errors, timeout=20, what="the auth failure")
+                    app.poll_until(lambda e=errors: e, timeout=20, what="the auth failure")
                 seen += [
                     repr(consumer),
                     str(consumer),
@@ -242,6 +244,7 @@ def test_credentials_never_appear_in_repr_logs_metrics_or_exceptions(
                     repr(consumer.assignment()),
                 ]
                 seen += [str(e) + repr(e) + e.args[0].str() for e in app.errors]
+                seen += [repr(e) + e.str() for e in errors]
             finally:
                 assert timed_close(consumer) < 5.5
         assert px.authenticated and px.auth_failures
@@ -257,19 +260,24 @@ def test_set_sasl_credentials_applies_to_the_next_authentication(
 ) -> None:
     """Started with a wrong password, the consumer fails to authenticate; after
     set_sasl_credentials() both its group connections and its fetcher's get in."""
+    errors: list[KafkaError] = []
     with proxy(kafka, certs["good"], sasl=True) as px:
         consumer = Consumer(
-            config(
-                f"localhost:{px.port}",
-                "sec-set-creds",
-                **sasl(certs["good"].ca, "SCRAM-SHA-256", WRONG),
-            )
+            {
+                **config(
+                    f"localhost:{px.port}",
+                    "sec-set-creds",
+                    **sasl(certs["good"].ca, "SCRAM-SHA-256", WRONG),
+                ),
+                "error_cb": errors.append,
+            }
         )
         app = App(consumer)
         try:
             consumer.subscribe(["sec"])
-            app.poll_until(lambda: app.errors, timeout=20, what="the authentication failure")
-            assert app.errors[0].args[0].code() == KafkaError.SASL_AUTHENTICATION_FAILED
+            # As confluent-kafka: an authentication failure goes to error_cb, not poll().
+            app.poll_until(lambda: errors, timeout=20, what="the authentication failure")
+            assert errors[0].code() == KafkaError._AUTHENTICATION and app.errors == []
             assert px.authenticated == []
             consumer.set_sasl_credentials(USER, PASSWORD)
             values = sorted(app.next_record(timeout=30).value() for _ in range(4))
@@ -349,7 +357,6 @@ def test_logger_receives_the_sdk_and_fetcher_records(
         app = App(consumer)
         try:
             consumer.subscribe(["sec"])
-            app.poll_until(lambda: app.errors, timeout=20, what="the auth failure")
             app.poll_until(
                 lambda: any(
                     r.name.startswith("consumer_sdk") and "SASL PLAIN" in r.getMessage()
