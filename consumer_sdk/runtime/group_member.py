@@ -306,6 +306,7 @@ class GroupMember:
                 "the member rejoins on the next poll()",
             )
             if self._ERRORS_AS_EVENTS:  # librdkafka returns it from poll() as an event
+                self._note_error(error)
                 self._app_callbacks.append(("event", error))
                 self._net.notify()
             else:
