@@ -20,7 +20,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from consumer_sdk import Consumer, KafkaException
+from consumer_sdk import Consumer
 
 
 def serve(consumer: Consumer, port: int) -> ThreadingHTTPServer:
@@ -82,12 +82,14 @@ def run(bootstrap: str, topic: str, port: int) -> None:
     try:
         consumer.subscribe([topic])
         while not stop.is_set():
-            try:
-                msg = consumer.poll(0.5)
-            except KafkaException as exc:
-                print(f"error: {exc}", flush=True)
+            msg = consumer.poll(0.5)
+            if msg is None:
                 continue
-            if msg is None or msg.error() is not None:
+            error = msg.error()
+            if error is not None:
+                print(f"error: {error}", flush=True)
+                if error.fatal():  # nothing more will come: end (liveness fails, so restart)
+                    break
                 continue
             consumed += 1  # process the record here
     except KeyboardInterrupt:

@@ -50,9 +50,14 @@ def test_health_service_example_probes_metrics_and_sigterm() -> None:
 
         assert get("/healthz/live")[0] == 200
         wait_until(lambda: get("/healthz/ready")[0] == 200, 30, 0.1, "ready")
-        status, body = get("/healthz/ready")
-        health = json.loads(body)
-        assert health["in_group"] and health["state"] == "STABLE" and len(health["assignment"]) == 3
+
+        def stable() -> bool:  # ready already while the first assignment is reconciled
+            status, body = get("/healthz/ready")
+            health = json.loads(body)
+            assert status == 200 and health["in_group"], health
+            return health["state"] == "STABLE" and len(health["assignment"]) == 3
+
+        wait_until(stable, 30, 0.1, "STABLE with the topic's 3 partitions")
         wait_until(lambda: json.loads(get("/healthz/ready")[1])["lag_total"] == 0, 30, 0.1, "lag 0")
         status, text = get("/metrics")
         assert status == 200
