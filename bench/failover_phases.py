@@ -77,18 +77,20 @@ def _member(kind: str, bootstrap: str, group: str, topic: str, log_file: str) ->
             fmt = "%(created).3f %(name)s %(levelname)s %(message)s"
             logging.basicConfig(filename=log_file, level=logging.DEBUG, format=fmt)
         from consumer_sdk import Consumer
+        from consumer_sdk.runtime.driver import Api
         from consumer_sdk.runtime.member_network import MemberNetwork
 
-        original = MemberNetwork._on_coordinator
+        original = MemberNetwork._on_outcome
 
-        def on_coordinator(self: Any, result: Any, error: Any) -> None:
-            if error is not None:
-                emit({"ev": "fc", "fail": f"{type(error).__name__}: {error}"})
-            else:
-                emit({"ev": "fc", "node": result.node_id, "err": result.error_code})
-            original(self, result, error)
+        def on_outcome(self: Any, request: Any, result: Any, error: Any) -> None:
+            if request.api is Api.FIND_COORDINATOR:
+                if error is not None:
+                    emit({"ev": "fc", "fail": f"{type(error).__name__}: {error}"})
+                else:
+                    emit({"ev": "fc", "node": result.node_id, "err": result.error_code})
+            original(self, request, result, error)
 
-        MemberNetwork._on_coordinator = on_coordinator  # type: ignore[method-assign]
+        MemberNetwork._on_outcome = on_outcome  # type: ignore[method-assign]
         consumer = Consumer(conf)
         net = consumer._net
 

@@ -6,6 +6,9 @@ import os
 
 from hypothesis import settings
 
+# Loop-thread-only runtime code asserts its thread (here and in child processes).
+os.environ["CONSUMER_SDK_CHECK_THREADS"] = "1"
+
 # pytester runs a child pytest (tests/realkafka: a leaked KafkaCluster fails the session)
 pytest_plugins = ["pytester"]
 

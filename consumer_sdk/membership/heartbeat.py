@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import enum
 import logging
-import math
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from consumer_sdk.backoff import Backoff
 from consumer_sdk.domain import HeartbeatRequest, HeartbeatResponse
 from consumer_sdk.error_codes import ErrorCode
 from consumer_sdk.membership._log import LOGGER
@@ -52,10 +52,15 @@ class FailureKind(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class Failure:
-    """A heartbeat that got no response."""
+    """A request that got no response, as the error boundary of the host maps it once:
+    ``kind`` decides the policy, ``code`` is the error code the application would see for it
+    (0: none in particular), ``message`` the detail, and ``cause`` the host's original error
+    (kept only to hand back to the application as is; never inspected here)."""
 
     kind: FailureKind
     message: str = ""
+    code: int = 0
+    cause: BaseException | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,28 +83,6 @@ class _InFlight:
     kind: _Kind
     sent_ms: int
     generation: int
-
-
-class Backoff:
-    """Exponential backoff with jitter: ``base * 2**n``, capped at ``max_ms``."""
-
-    def __init__(self, base_ms: int, max_ms: int, jitter: float, rng: random.Random) -> None:
-        self._base = base_ms
-        self._max = max_ms
-        self._jitter = jitter
-        self._rng = rng
-        ratio = max_ms / base_ms if base_ms > 0 else 1.0
-        self._exp_max = math.log(ratio, 2) if ratio > 1.0 else 0.0
-
-    def backoff_ms(self, attempts: int) -> int:
-        """Backoff after ``attempts`` previous failures (0 -> about ``base``)."""
-        if self._exp_max == 0.0:
-            return self._base
-        term = self._base * (2.0 ** min(float(attempts), self._exp_max))
-        factor = 1.0
-        if self._jitter > 0.0:
-            factor = self._rng.uniform(1.0 - self._jitter, 1.0 + self._jitter)
-        return min(self._max, int(term * factor))
 
 
 class HeartbeatTiming:

@@ -114,6 +114,9 @@ class MembershipManager:
         self._log = MemberLog(config.client_id, config.group_id, self._identity)
         self._sm = StateMachine(self._on_transition)
         self._rec = Reconciler()
+        # The named views of the reconciler's (immutable) sets, rebuilt when a set is replaced:
+        # the host reads them after every run.
+        self._named: dict[str, tuple[object, frozenset[TopicPartition]]] = {}
         self._now = 0
 
         self._metadata: dict[uuid.UUID, str] = {}
@@ -214,8 +217,17 @@ class MembershipManager:
 
     @property
     def assigned_partitions(self) -> frozenset[TopicPartition]:
-        owned = self._rec.owned
-        return frozenset(p.named for p in owned) if owned else _NO_PARTITIONS
+        return self._named_view("owned", self._rec.owned)
+
+    def _named_view(
+        self, key: str, parts: frozenset[AssignedPartition]
+    ) -> frozenset[TopicPartition]:
+        cached = self._named.get(key)
+        if cached is not None and cached[0] is parts:
+            return cached[1]
+        named = frozenset(p.named for p in parts) if parts else _NO_PARTITIONS
+        self._named[key] = (parts, named)
+        return named
 
     @property
     def fetchable_partitions(self) -> frozenset[TopicPartition]:
@@ -224,8 +236,7 @@ class MembershipManager:
 
     @property
     def pending_revocation(self) -> frozenset[TopicPartition]:
-        pending = self._rec.pending_revocation
-        return frozenset(p.named for p in pending) if pending else _NO_PARTITIONS
+        return self._named_view("pending", self._rec.pending_revocation)
 
     @property
     def awaiting_callback(self) -> frozenset[TopicPartition]:

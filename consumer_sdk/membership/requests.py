@@ -16,6 +16,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from consumer_sdk.backoff import Backoff
 from consumer_sdk.domain import (
     ClusterMetadata,
     Coordinator,
@@ -24,7 +25,7 @@ from consumer_sdk.domain import (
     PartitionResult,
 )
 from consumer_sdk.error_codes import ErrorCode
-from consumer_sdk.membership.heartbeat import Backoff, Failure, FailureKind
+from consumer_sdk.membership.heartbeat import Failure, FailureKind
 
 __all__ = [
     "COMMIT_RETRIABLE",
@@ -315,10 +316,13 @@ class CommitResult:
     kind: CommitKind
     committed: Mapping[Partition, int]
     error_code: int = 0
+    #: ``"commit failed: <ERROR NAME>: <detail>"`` (empty when it succeeded).
     error_message: str = ""
     #: Partitions being released whose topic is gone (error code per partition): not
     #: committed and not retried.
     dropped: Mapping[Partition, int] = field(default_factory=dict)
+    #: What failed, without the prefix: e.g. ``"t[0]=STALE_MEMBER_EPOCH"``.
+    detail: str = ""
 
     @property
     def ok(self) -> bool:
@@ -386,8 +390,10 @@ class CommitRequestManager:
         timeout_ms: int | None = None,
         epoch: int = -1,
         releasing: Iterable[Partition] = (),
+        commit_id: int | None = None,
     ) -> int:
-        """Queue a commit; returns its id (its `CommitResult` carries the same id).
+        """Queue a commit; returns its id (its `CommitResult` carries the same id): the host's
+        ``commit_id`` if given (the host then gives every commit one, unique), else the next.
 
         ``epoch`` is the member epoch the commit was made under: it is sent with the epoch
         current at send time, or with ``epoch`` if the member has left the group since (an
@@ -395,8 +401,9 @@ class CommitRequestManager:
         the leave heartbeat still carries the epoch the offsets were consumed under).
         ``releasing``: partitions the member is giving up; a `TOPIC_GONE` error for one of
         them drops it from the commit (`CommitResult.dropped`) instead of retrying it."""
-        commit_id = self._next_id
-        self._next_id += 1
+        if commit_id is None:
+            commit_id = self._next_id
+            self._next_id += 1
         todo = {
             p: o
             for p, o in offsets.items()
@@ -595,5 +602,7 @@ class CommitRequestManager:
             level = logging.DEBUG if quiet else logging.WARNING
             log.log(level, "group %s: %s commit %s", self.group_id, p.kind.value.lower(), message)
         self._completed.append(
-            CommitResult(p.commit_id, p.kind, dict(p.committed), code, message, dict(p.dropped))
+            CommitResult(
+                p.commit_id, p.kind, dict(p.committed), code, message, dict(p.dropped), detail
+            )
         )

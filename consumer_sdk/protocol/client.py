@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 from kio.static.protocol import RequestPayload, ResponsePayload
 from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_before_delay
 
+from consumer_sdk.backoff import Backoff
 from consumer_sdk.domain import (
     ClusterMetadata,
     Coordinator,
@@ -93,10 +94,9 @@ class ClusterClient:
     def _backoff_delay(self, failures: int) -> float:
         """Exponential reconnect backoff with +-20% jitter, as librdkafka's reconnect.backoff."""
         s = self.settings
-        initial = max(s.reconnect_backoff_ms, 1) / 1000
-        ceiling = max(s.reconnect_backoff_max_ms / 1000, initial)
-        base = min(initial * 2 ** max(failures - 1, 0), ceiling)
-        return float(base * self._rng.uniform(0.8, 1.2))
+        initial = max(s.reconnect_backoff_ms, 1)
+        backoff = Backoff(initial, max(s.reconnect_backoff_max_ms, initial), 0.2, self._rng)
+        return backoff.backoff_s(failures - 1)
 
     def _open_with_backoff(
         self, host: str, port: int, node_id: int, deadline: float

@@ -24,6 +24,7 @@ from consumer_sdk.membership import CloseOption, MemberState
 from consumer_sdk.membership.requests import CommitKind, OffsetLike
 from consumer_sdk.observability.client_metrics import fill_consumer_lag
 from consumer_sdk.runtime._librdkafka import write_group_metadata
+from consumer_sdk.runtime.driver import MemberSnapshot
 from consumer_sdk.runtime.fetcher import Fetcher
 from consumer_sdk.runtime.group_member import (
     GroupMember,
@@ -138,7 +139,7 @@ class Consumer(GroupMember):
         now = time.monotonic()
         if now >= self._next_post_poll:
             self._post_poll_limited(now)
-        if self._core.background_events or self._app_callbacks:
+        if self._net.background_events or self._app_callbacks:
             self._dispatch_background_events()
             if self._error_events:
                 return self._error_events.popleft()
@@ -157,7 +158,7 @@ class Consumer(GroupMember):
             if msg is not None:
                 return msg
             self._net.note_poll()
-            if self._core.background_events or self._app_callbacks or self._net.failure:
+            if self._net.background_events or self._app_callbacks or self._net.failure:
                 self._dispatch_background_events()
                 if self._error_events:
                     return self._error_events.popleft()
@@ -184,7 +185,7 @@ class Consumer(GroupMember):
         wait = _wait_seconds(timeout)
         deadline = now + wait
         while True:
-            if self._core.background_events or self._app_callbacks or self._net.failure:
+            if self._net.background_events or self._app_callbacks or self._net.failure:
                 self._dispatch_background_events()
                 if self._error_events:
                     return self._take_error_events()
@@ -280,8 +281,7 @@ class Consumer(GroupMember):
     def _committed_offsets(self) -> dict[Partition, int]:
         """The offsets the group committed for this member's partitions, as far as it knows
         (its own commits and the OffsetFetch answers at assignment)."""
-        with self._net.lock:
-            return self._net.commits.last_committed()
+        return self._net.call(lambda d: d.commits.last_committed())
 
     def _monitor_stored(self) -> dict[Partition, int]:
         """What a commit without arguments would commit, per partition, for monitoring."""
@@ -319,20 +319,21 @@ class Consumer(GroupMember):
         self._client_metrics.record_lag(time.monotonic(), out)
         return out
 
-    def _slice(self) -> float:
+    def _slice(self, snap: MemberSnapshot | None = None) -> float:
         """How long to wait inside librdkafka before looking for work the network loop
         queued. When the loop cannot end the wait itself: rebalance work comes from heartbeat
         answers, so short waits while one is awaited, and a wait that ends just after the
-        next one is due."""
+        next one is due (``snap``: the member snapshot to go by, else the latest)."""
         net = self._net
-        core = self._core
-        if core.background_events:
+        if net.background_events:
             return _REBALANCE_SLICE_S
         if net.app_waker is not None:
             return _WOKEN_SLICE_S
-        if core.state in _REBALANCING or net.heartbeat_in_flight:
+        if snap is None:
+            snap = net.snapshot
+        if snap.state in _REBALANCING or snap.heartbeat_in_flight:
             return _REBALANCE_SLICE_S
-        until = max(net.heartbeat_due - time.monotonic(), 0.0)
+        until = max(snap.heartbeat_due_ms / 1000 - time.monotonic(), 0.0)
         return min(_FETCH_SLICE_S, until + _REBALANCE_SLICE_S)
 
     def position(self, partitions: Sequence[TopicPartition]) -> list[TopicPartition]:
@@ -394,8 +395,7 @@ class Consumer(GroupMember):
     def _before_assign(self, parts: list[Partition]) -> None:
         # Also pick up partitions whose earlier ASSIGNED callback failed: the core retries
         # with only the newly added ones, but the fetcher must start every owned partition.
-        with self._core_lock:
-            owned = set(self._core.assigned_partitions)
+        owned = self._net.snapshot.assigned
         parts = sorted(set(parts) | (owned - self._fetcher.assigned()))
         # None: start at the committed offset, looked up after on_assign (as librdkafka and
         # the Java client do: the callback does not wait for the OffsetFetch, which a broker
@@ -418,9 +418,9 @@ class Consumer(GroupMember):
         self._fetcher.assign(starts)
         # A pass that fenced partitions for revocation may end up keeping some of them; but
         # partitions lost (fenced) while on_assign ran stay fenced, new ones included.
-        with self._core_lock:
-            pending = set(self._core.pending_revocation)
-            keep = set(self._core.assigned_partitions) - pending
+        snap = self._net.snapshot
+        pending = set(snap.pending_revocation)
+        keep = set(snap.assigned) - pending
         self._fetcher.fence(pending)
         self._fetcher.unfence(keep)
 
@@ -723,8 +723,8 @@ class Consumer(GroupMember):
         ``consumer_group_metadata()`` is. The broker refuses transactional offsets under an
         epoch that is no longer the member's (zombie fencing)."""
         self._ensure_usable()
-        with self._core_lock:
-            epoch, member_id = self._core.member_epoch, self._core.member_id
+        snap = self._net.snapshot
+        epoch, member_id = snap.member_epoch, snap.member_id
         return write_group_metadata(
             self.group_id, epoch if epoch > 0 else -1, member_id, self._config.group_instance_id
         )
@@ -736,19 +736,19 @@ class Consumer(GroupMember):
         super().set_sasl_credentials(username, password)
         self._fetcher.consumer.set_sasl_credentials(username, password)
 
-    def _on_loop_auto_commit_offsets(self) -> Mapping[Partition, OffsetLike] | None:
-        """(loop thread) With a manual assignment: the consumed offsets of its partitions
-        (committed under generation -1, as confluent-kafka does); else the group's."""
+    def _on_loop_committable(
+        self,
+    ) -> tuple[Mapping[Partition, OffsetLike], frozenset[Partition] | None]:
+        """(loop thread; must not block) The consumed offsets, and with a manual assignment
+        its partitions (committed under generation -1, as confluent-kafka does)."""
         fetcher: Fetcher | None = getattr(self, "_fetcher", None)
         if fetcher is None:
-            return super()._on_loop_auto_commit_offsets()
-        # Never wait long for the application thread: it may be inside a callback that
-        # needs the core lock this thread holds.
+            return super()._on_loop_committable()
+        # Never wait long for the application thread (it may hold the fetcher for a
+        # whole librdkafka call): a bounded read, and the loop serves every member.
         with fetcher.bounded_reads():
-            if not self._manual:
-                return super()._on_loop_auto_commit_offsets()
-            manual = set(self._manual.copy())  # the copy is atomic; the app thread may change it
-            return {p: o for p, o in self._consumed_offsets().items() if p in manual}
+            manual = frozenset(self._manual.copy())  # atomic copy; the app thread changes it
+            return self._consumed_offsets(), manual or None
 
     def close(self, timeout: float = 10.0, option: CloseOption = CloseOption.DEFAULT) -> None:
         """Commit (auto-commit), release the assignment, leave the group and stop.

@@ -4,17 +4,18 @@ The split of the Java AsyncKafkaConsumer. This class is the application side: it
 (subscribe, poll, commit, committed, close, ...), the user callbacks (rebalance, ``on_commit``,
 ``error_cb``), all run on the application thread inside ``poll()`` / ``unsubscribe()`` /
 ``close()``. The network side is a `MemberNetwork` on the process-wide `NetworkLoop` (one
-thread for every member of the process): the membership core with its heartbeat manager and
-the coordinator, metadata and commit request managers, driven by that loop. The two sides
-exchange the core's event queues (application events in, background events out) and the
-commit queue; a lock serializes the core. The few methods here that the loop thread calls
-are named ``_on_loop_*`` or say so in their docstring; everything else runs on the
-application thread.
+thread for every member of the process): the member's driver (membership core, heartbeat,
+coordinator, metadata and commit request managers), touched by that loop only. This side
+sends it events and requests, waits on completions with deadlines for blocking calls, drains
+the events it produces, and reads its published `MemberSnapshot`; it never reads or locks
+the core. The few methods here that the loop thread calls are named ``_on_loop_*`` or say
+so in their docstring (they never block); everything else runs on the application thread.
 """
 
 from __future__ import annotations
 
 import logging
+import random
 import threading
 import time
 from collections import deque
@@ -23,6 +24,7 @@ from typing import Any, Self
 
 from confluent_kafka import OFFSET_INVALID, KafkaError, KafkaException, Message, TopicPartition
 
+from consumer_sdk.backoff import Backoff
 from consumer_sdk.config import ConsumerConfig
 from consumer_sdk.domain import OffsetFetchRequest
 from consumer_sdk.error_codes import ErrorCode
@@ -57,6 +59,7 @@ from consumer_sdk.membership.requests import (
 from consumer_sdk.observability.client_metrics import ClientMetrics
 from consumer_sdk.observability.health import IN_GROUP_STATES, Health
 from consumer_sdk.observability.health import evaluate as evaluate_health
+from consumer_sdk.runtime.boundary import commit_error, commit_failed
 from consumer_sdk.runtime.error_channel import (
     client_error,
     error_event,
@@ -64,7 +67,7 @@ from consumer_sdk.runtime.error_channel import (
     for_error_cb,
 )
 from consumer_sdk.runtime.member_network import MemberNetwork
-from consumer_sdk.runtime.offsets import CommitFailedError, OffsetAndMetadata, committed_offsets
+from consumer_sdk.runtime.offsets import OffsetAndMetadata, committed_offsets
 
 __all__ = ["GroupMember", "RebalanceCallback"]
 
@@ -154,14 +157,12 @@ class GroupMember:
         self._net = MemberNetwork(
             c,
             on_state_change=self._on_loop_state_change,
-            auto_commit_offsets=self._on_loop_auto_commit_offsets,
+            committable=self._on_loop_committable,
             on_fence=self._fence,
             on_commit_done=self._on_loop_commit_done,
             on_group_error=self._queue_error,
             logger=c.callbacks.get("logger"),
         )
-        self._core = self._net.core
-        self._core_lock = self._net.lock
 
     def __repr__(self) -> str:
         return (
@@ -173,15 +174,15 @@ class GroupMember:
 
     @property
     def member_id(self) -> str:
-        return self._core.member_id
+        return self._net.snapshot.member_id
 
     @property
     def member_epoch(self) -> int:
-        return self._core.member_epoch
+        return self._net.snapshot.member_epoch
 
     @property
     def state(self) -> MemberState:
-        return self._core.state
+        return self._net.snapshot.state
 
     @property
     def group_id(self) -> str:
@@ -194,28 +195,26 @@ class GroupMember:
 
     def assignment(self) -> list[TopicPartition]:
         """Partitions this member owns (acknowledged or being reconciled)."""
-        with self._core_lock:
-            return _tps(self._core.assigned_partitions)
+        return _tps(self._net.snapshot.assigned)
 
     def group_stats(self) -> dict[str, Any]:
         """The ``cgrp`` block of librdkafka's statistics JSON for this member."""
         now = _now_ms()
-        with self._core_lock:
-            m = self._core.metrics.snapshot(now)
-            state = self._core.state
-            assigned = len(self._core.assigned_partitions)
+        m = self.metrics()
+        snap = self._net.snapshot
+        state, assigned = snap.state, len(snap.assigned)
         since_state = now - self._state_since_ms
         last = m["last-rebalance-seconds-ago"]
         return {
-            "state": "up" if self._core.coordinator_known else "wait-coord",
+            "state": "up" if snap.coordinator_known else "wait-coord",
             "stateage": since_state,
             "join_state": state.name.lower(),
             "rebalance_age": int(last * 1000) if last >= 0 else 0,
             "rebalance_cnt": int(m["rebalance-total"]),
             "rebalance_reason": self._last_transition_reason,
             "assignment_size": assigned,
-            "member_id": self.member_id,
-            "member_epoch": self.member_epoch,
+            "member_id": snap.member_id,
+            "member_epoch": snap.member_epoch,
         }
 
     def health(self) -> Health:
@@ -223,18 +222,17 @@ class GroupMember:
         heartbeat answer, assignment, total lag, last error, and the ``live`` / ``ready``
         verdicts (rules in `consumer_sdk.observability.health`). Any thread; sends nothing."""
         c = self._config
-        with self._core_lock:
-            core = self._core
-            state, epoch = core.state, core.member_epoch
-            known = core.coordinator_known
-            assigned = tuple(sorted(core.assigned_partitions))
-            answered = core.metrics.last_heartbeat_response_ms
-            interval = core.heartbeat_interval_ms
+        snap = self._net.snapshot
+        state, epoch = snap.state, snap.member_epoch
+        known = snap.coordinator_known
+        assigned = tuple(sorted(snap.assigned))
+        answered = snap.last_heartbeat_response_ms
+        interval = snap.heartbeat_interval_ms
         now_ms = _now_ms()
         manual: Mapping[Partition, int] = getattr(self, "_manual", {})
         if manual:
             assigned = tuple(sorted(manual))
-        last_poll = self._net._last_poll_event
+        last_poll = self._net.last_poll
         poll_age = time.monotonic() - last_poll if last_poll > 0 else None
         heartbeat_age = None if answered is None else (now_ms - answered) / 1000
         lag_of: Callable[[], dict[Partition, int]] | None = getattr(self, "lag", None)
@@ -275,8 +273,8 @@ class GroupMember:
 
     def metrics(self) -> dict[str, float]:
         """The Java consumer's ``consumer-coordinator-metrics`` by name."""
-        with self._core_lock:
-            return self._core.metrics.snapshot(_now_ms())
+        now = _now_ms()
+        return self._net.call(lambda d: d.core.metrics.snapshot(now))
 
     def set_sasl_credentials(self, username: str, password: str) -> None:
         """New SASL PLAIN/SCRAM credentials, used from the next authentication on (open
@@ -391,7 +389,7 @@ class GroupMember:
                 if sent_at is not None:
                     if now >= sent_at + _CLOSE_ATTEMPT_FLOOR_S:
                         break
-                elif self._core.app_events or self._core.state in _LEAVING:
+                elif self._net.events_pending or self._net.state in _LEAVING:
                     cap = max(deadline, self._callbacks_ended_at) + 2 * self._request_timeout()
                     if now >= cap:
                         log.info(
@@ -450,7 +448,7 @@ class GroupMember:
         self._check_network()
         raised: BaseException | None = None
         ran = False
-        for event in self._core.drain_background_events():
+        for event in self._net.drain_background_events():
             try:
                 ran = self._dispatch(event) or ran
             except BaseException as exc:  # finish the batch, then raise the first error
@@ -621,8 +619,7 @@ class GroupMember:
         error: str | None = None
         # Reference step order: fence partitions pending revocation, then commit, so no record
         # of them is handed out after the offsets that the next owner starts from.
-        with self._core_lock:
-            pending = set(self._core.pending_revocation)
+        pending = set(self._net.snapshot.pending_revocation)
         self._fence(pending)
         offsets = self._consumed_offsets()
         deadline = time.monotonic() + max(event.deadline_ms - _now_ms(), 0) / 1000
@@ -680,9 +677,7 @@ class GroupMember:
             elif result.kind is CommitKind.ASYNC:
                 self._report_no_offset()
             return
-        error = KafkaError(
-            result.error_code, result.error_message, retriable=result.error_code in COMMIT_RETRIABLE
-        )
+        error = commit_error(result)
         self._client_metrics.record_commit_failed()
         self._note_error(error)
         self._report_commit(error, offsets)
@@ -709,12 +704,7 @@ class GroupMember:
             if committed:
                 self._report_commit(None, {p: offsets[p] for p in committed})
             return committed
-        code = result.error_code
-        error = CommitFailedError(
-            code,
-            result.error_message.removeprefix(f"commit failed: {ErrorCode.name_of(code)}: "),
-            retriable=code in COMMIT_RETRIABLE and not result.dropped,
-        )
+        error = commit_failed(result)
         self._client_metrics.record_commit_failed()
         self._note_error(error.args[0])
         if committed and result.dropped:
@@ -779,8 +769,7 @@ class GroupMember:
             )
         if timeout is None:
             timeout = self._config.connection.socket_timeout_ms / 1000
-        with self._core_lock:
-            releasing = set(self._core.pending_revocation) | set(self._revoking)
+        releasing = set(self._net.snapshot.pending_revocation) | set(self._revoking)
         committed = self._commit_with_retries(
             todo, time.monotonic() + max(timeout, 0.0), retry_stale=False, releasing=releasing
         )
@@ -806,7 +795,9 @@ class GroupMember:
         and STALE_MEMBER_EPOCH (the next attempt carries the epoch of the next heartbeat), are
         retried with backoff until ``timeout``; other errors are raised."""
         deadline = time.monotonic() + timeout
-        backoff = self._config.retry_backoff_ms / 1000
+        c = self._config
+        backoff = Backoff(c.retry_backoff_ms, c.retry_backoff_max_ms, 0.2, random.Random())
+        attempts = 0
         while True:
             epoch = self.member_epoch
             try:
@@ -826,16 +817,17 @@ class GroupMember:
                 retriable = not isinstance(exc, BrokerResponseError) or code in COMMIT_RETRIABLE
                 if code == ErrorCode.STALE_MEMBER_EPOCH and epoch > 0:
                     retriable = True
-                if not retriable or time.monotonic() + backoff >= deadline:
+                delay = backoff.backoff_s(attempts)
+                attempts += 1
+                if not retriable or time.monotonic() + delay >= deadline:
                     raise
                 log.info(
                     "group %s: OffsetFetch failed (%s); retrying in %.0f ms",
                     self.group_id,
                     exc.args[0].str(),
-                    backoff * 1000,
+                    delay * 1000,
                 )
-                time.sleep(backoff)
-                backoff = min(backoff * 2, self._config.retry_backoff_max_ms / 1000)
+                time.sleep(delay)
 
     def _fetch_once(
         self, partitions: list[Partition], member_id: str | None, epoch: int, timeout: float
@@ -924,14 +916,13 @@ class GroupMember:
             raise self._fatal
 
     def _request_timeout(self) -> float:
-        interval = self._core.heartbeat_interval_ms or 3000
+        interval = self._net.snapshot.heartbeat_interval_ms or 3000
         return min(max(interval / 1000, 1.0), self._config.connection.socket_timeout_ms / 1000)
 
-    def _on_loop_auto_commit_offsets(self) -> Mapping[Partition, OffsetLike] | None:
-        """(loop thread, core lock held) What an auto-commit commits now: the consumed
-        offsets of the assigned partitions while in the group, else nothing."""
-        core = self._core
-        if core.state not in _IN_GROUP or core.member_epoch <= 0:
-            return None
-        assigned = core.assigned_partitions
-        return {p: o for p, o in self._consumed_offsets().items() if p in assigned}
+    def _on_loop_committable(
+        self,
+    ) -> tuple[Mapping[Partition, OffsetLike], frozenset[Partition] | None]:
+        """(loop thread; must not block) What an auto-commit may commit: the consumed
+        offsets (the driver keeps those of the assigned partitions while in the group), and
+        no manual assignment."""
+        return self._consumed_offsets(), None

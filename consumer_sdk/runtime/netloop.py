@@ -30,6 +30,7 @@ from collections import deque
 from collections.abc import Callable, Hashable
 from typing import Any, ClassVar
 
+from consumer_sdk.backoff import Backoff
 from consumer_sdk.errors import KafkaException, KafkaTransportError
 from consumer_sdk.observability.log_routing import routed_logs
 from consumer_sdk.protocol.connection import BrokerConnection
@@ -205,11 +206,10 @@ class NetworkLoop:
     # -- connections ----------------------------------------------------------------------------
 
     def _backoff(self, failures: int, settings: ConnectionSettings) -> float:
-        initial = max(settings.reconnect_backoff_ms, 1) / 1000
-        ceiling = max(settings.reconnect_backoff_max_ms / 1000, initial)
-        return float(
-            min(initial * 2 ** max(failures - 1, 0), ceiling) * self._rng.uniform(0.8, 1.2)
-        )
+        """Reconnect backoff (librdkafka's reconnect.backoff.ms, +-20% jitter)."""
+        initial = max(settings.reconnect_backoff_ms, 1)
+        backoff = Backoff(initial, max(settings.reconnect_backoff_max_ms, initial), 0.2, self._rng)
+        return backoff.backoff_s(failures - 1)
 
     def _connect(self, conn: MuxConnection) -> None:
         conn.start_connecting()

@@ -1,6 +1,7 @@
 """Deterministic virtual-time simulation of a KIP-848 consumer group.
 
-Runs N real membership cores (`consumer_sdk.membership.GroupMembership`) against the
+Runs N real members (`consumer_sdk.membership.GroupMembership` driven by the runtime's
+`MemberDriver`) against the
 coordinator model (`consumer_sdk.coordinator.GroupCoordinator`) over simulated links with
 latency, loss, reordering and network partitions, while members join, leave, crash, pause,
 freeze and restart, the coordinator fails over and topics change. Invariants are checked as the
@@ -16,16 +17,27 @@ move forward, no unexplained FATAL, no member stuck reconciling, convergence aft
 A failing run is replayed from its trace (`replay`) and shrunk (`shrink`). The CLI
 is ``python -m consumer_sdk.simulation --help``. See ``docs/simulation.md``.
 
-Imports: `consumer_sdk.membership`, `consumer_sdk.coordinator`, `consumer_sdk.domain` and
-`consumer_sdk.error_codes`; no sockets or threads. Threads: a run is single-threaded, on the
-caller's thread, in virtual time: one event queue orders every message and timer. The only
-clock read is the wall time a report states (``time.perf_counter``).
+Each member runs the runtime's own `consumer_sdk.runtime.driver.MemberDriver` (the core
+with the coordinator, metadata and commit request managers and their ordering) over a
+virtual transport, so the request ordering the simulator checks is the one the runtime runs.
+
+Imports: `consumer_sdk.membership`, `consumer_sdk.runtime.driver` (sans I/O),
+`consumer_sdk.coordinator`, `consumer_sdk.domain` and `consumer_sdk.error_codes`; no sockets
+or threads. Threads: a run is single-threaded, on the caller's thread, in virtual time: one
+event queue orders every message and timer. The only clock read is the wall time a report
+states (``time.perf_counter``).
 """
 
 from __future__ import annotations
 
+from consumer_sdk.simulation._base import (
+    CoreFactory,
+    DriverFactory,
+    default_core_factory,
+    default_driver_factory,
+)
 from consumer_sdk.simulation.config import FAULT_MIXES, FaultMix, SimConfig
-from consumer_sdk.simulation.engine import CoreFactory, Simulation, default_core_factory, run
+from consumer_sdk.simulation.engine import Simulation, run
 from consumer_sdk.simulation.report import VIOLATION_KINDS, SimReport, Violation
 from consumer_sdk.simulation.shrink import replay, shrink
 from consumer_sdk.simulation.trace import EVENT_KINDS, Trace, TraceEvent
@@ -35,6 +47,7 @@ __all__ = [
     "FAULT_MIXES",
     "VIOLATION_KINDS",
     "CoreFactory",
+    "DriverFactory",
     "FaultMix",
     "SimConfig",
     "SimReport",
@@ -43,6 +56,7 @@ __all__ = [
     "TraceEvent",
     "Violation",
     "default_core_factory",
+    "default_driver_factory",
     "replay",
     "run",
     "shrink",

@@ -19,6 +19,7 @@ VIOLATION_KINDS = (
     "stuck-reconciling",
     "not-converged",
     "zombie-commit",
+    "commit-after-leave",
     "core-exception",
 )
 

@@ -6,7 +6,8 @@ import logging
 from collections.abc import Callable
 from dataclasses import replace
 
-from consumer_sdk.simulation.engine import CoreFactory, Simulation
+from consumer_sdk.simulation._base import CoreFactory
+from consumer_sdk.simulation.engine import Simulation
 from consumer_sdk.simulation.report import SimReport
 from consumer_sdk.simulation.trace import Trace, TraceEvent
 

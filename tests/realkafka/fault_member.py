@@ -21,9 +21,9 @@ class TracingMember(ChaosMember):
         if self.impl != "sdk":
             return consumer
         net = consumer._net
-        real = net._on_heartbeat
+        real = net.heartbeat_trace
 
-        def traced(request: Any, response: Any, error: Any) -> None:
+        def traced(request: Any, sent_at: float, response: Any, error: Any) -> None:
             if error is not None:
                 self.log.write(
                     "hb", flush=True, sent=request.member_epoch, failure=type(error).__name__
@@ -36,9 +36,10 @@ class TracingMember(ChaosMember):
                     code=response.error_code,
                     got=response.member_epoch,
                 )
-            real(request, response, error)
+            if real is not None:
+                real(request, sent_at, response, error)
 
-        net._on_heartbeat = traced
+        net.heartbeat_trace = traced
         return consumer
 
 

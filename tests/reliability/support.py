@@ -61,18 +61,15 @@ def trace_heartbeats(
     """Call ``sent(request)`` when the member's network side sends a heartbeat and
     ``done(request, response, error)`` when its outcome arrives (both on the loop thread)."""
     net = member._net
-    real_send, real_done = net._send_heartbeat, net._on_heartbeat
+    traced = net.heartbeat_trace
 
-    def send(request: Any) -> None:
-        sent(request)
-        real_send(request)
-
-    def on_heartbeat(request: Any, response: Any, error: BaseException | None) -> None:
+    def on_heartbeat(request: Any, at: float, response: Any, error: BaseException | None) -> None:
         done(request, response, error)
-        real_done(request, response, error)  # type: ignore[arg-type]
+        if traced is not None:
+            traced(request, at, response, error)  # type: ignore[arg-type]
 
-    net._send_heartbeat = send  # type: ignore[method-assign]
-    net._on_heartbeat = on_heartbeat  # type: ignore[method-assign]
+    net.heartbeat_sent = sent
+    net.heartbeat_trace = on_heartbeat
 
 
 class HeartbeatSpy:
@@ -84,7 +81,8 @@ class HeartbeatSpy:
         in_flight: dict[int, HbCall] = {}
 
         def sent(request: Any) -> None:
-            call = HbCall(time.monotonic(), member.state, request.member_epoch)
+            # On the loop thread, as the request goes out: the core's state right now.
+            call = HbCall(time.monotonic(), member._net.core.state, request.member_epoch)
             with self._lock:
                 self.calls.append(call)
                 in_flight[id(request)] = call

@@ -693,8 +693,9 @@ def test_a_stable_members_waits_end_just_after_its_next_heartbeat(kafka: Embedde
         net = c._net
         deadline = time.monotonic() + 3 * HB_MS / 1000
         while time.monotonic() < deadline:
-            with net.lock:  # the loop thread updates both under it
-                in_flight, due, got = net.heartbeat_in_flight, net.heartbeat_due, c._slice()
+            snap = net.snapshot  # the loop publishes both together
+            in_flight, due = snap.heartbeat_in_flight, snap.heartbeat_due_ms / 1000
+            got = c._slice(snap)
             seen.append((in_flight, due - time.monotonic(), got))
             time.sleep(0.001)
         for in_flight, until, got in seen:

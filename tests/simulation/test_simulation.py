@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
@@ -12,6 +13,7 @@ from consumer_sdk.error_codes import ErrorCode
 from consumer_sdk.membership import GroupMembership, MembershipConfig, MembershipManager
 from consumer_sdk.membership.heartbeat import HeartbeatRequestManager
 from consumer_sdk.membership.reconciler import AssignedPartition, Reconciler
+from consumer_sdk.runtime.driver import Api, MemberDriver, Outbound
 from consumer_sdk.simulation import (
     SimConfig,
     Simulation,
@@ -206,3 +208,45 @@ def test_cli_runs_and_reports(capsys: pytest.CaptureFixture[str]) -> None:
     assert code == 0
     assert "violations         0" in out
     assert "convergence" in out and "invariant checks" in out
+
+
+# --------------------------------------------------------------------------------------------
+# A deliberately broken request ordering in the driver the runtime runs
+# --------------------------------------------------------------------------------------------
+
+
+class _SendsCommitsLast(MemberDriver):
+    """Bug: holds back the commits of a run until after its heartbeat (so an asynchronous
+    commit made in on_revoke of close() goes out after the leave)."""
+
+    def run(self, now: int) -> int:
+        self._held: list[Outbound] | None = []
+        wait = super().run(now)
+        held, self._held = self._held, None
+        for request in held:
+            self.transport.send(request)
+        return wait
+
+    def _send(self, api: Api, payload: Any, coordinator: Any, tag: int = 0) -> None:
+        held = getattr(self, "_held", None)
+        if api is Api.OFFSET_COMMIT and held is not None:
+            held.append(Outbound(api, payload, coordinator, self._timeout_ms(False), tag))
+            return
+        super()._send(api, payload, coordinator, tag)
+
+
+def test_simulator_catches_a_driver_that_sends_commits_after_the_leave() -> None:
+    """The simulator runs the runtime's driver: a defect in its request ordering (commits of
+    a run sent after its heartbeat) shows as commits reaching the coordinator after the
+    member's leave, while the real driver passes the same trace."""
+    events = (
+        TraceEvent(0, "join", 0),
+        TraceEvent(100, "join", 1),
+        TraceEvent(60_000, "leave", 0),
+        TraceEvent(120_000, "leave", 1),
+    )
+    config = small(5, "none", members=2)
+    assert Simulation(config, events=events).run().ok
+    report = Simulation(config, events=events, driver_factory=_SendsCommitsLast).run()
+    assert report.violations
+    assert {v.kind for v in report.violations} == {"commit-after-leave"}

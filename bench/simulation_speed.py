@@ -1,0 +1,68 @@
+"""Simulator speed: 1,000 members x 60 virtual minutes with the runtime's own driver.
+
+Every simulated member runs the runtime's `MemberDriver` (the membership core with the
+coordinator, metadata and commit request managers) over the simulator's virtual transport.
+The goal is one run of 1,000 members for 60 virtual minutes in at most 60 s. Reported: the
+wall time and the process CPU time of the run (on a shared machine the CPU time is the
+figure to compare; the wall time includes waiting for a core), heartbeats simulated, and
+the CPU per heartbeat.
+
+    python -m bench.simulation_speed [--members 1000] [--minutes 60] [--seed 7]
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import time
+from typing import Any
+
+GOAL_S = 60.0
+
+
+def _cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def run(members: int = 1000, minutes: float = 60.0, seed: int = 7) -> dict[str, Any]:
+    from consumer_sdk.simulation import SimConfig, Simulation
+
+    config = SimConfig(
+        members=members, partitions=5 * members, minutes=minutes, seed=seed, faults="default"
+    )
+    cpu0, wall0 = _cpu_s(), time.perf_counter()
+    report = Simulation(config).run()
+    cpu, wall = _cpu_s() - cpu0, time.perf_counter() - wall0
+    return {
+        "members": members,
+        "minutes": minutes,
+        "wall_s": round(wall, 1),
+        "cpu_s": round(cpu, 1),
+        "goal_s": GOAL_S,
+        "cpu_vs_goal": round(cpu / GOAL_S, 2),
+        "heartbeats": report.heartbeats,
+        "cpu_us_per_heartbeat": round(cpu / max(report.heartbeats, 1) * 1e6, 1),
+        "violations": len(report.violations),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--members", type=int, default=1000)
+    parser.add_argument("--minutes", type=float, default=60.0)
+    parser.add_argument("--seed", type=int, default=7)
+    args = parser.parse_args(argv)
+    result = run(args.members, args.minutes, args.seed)
+    print(
+        f"{result['members']} members x {result['minutes']:g} virtual min: "
+        f"{result['wall_s']} s wall, {result['cpu_s']} s CPU "
+        f"({result['cpu_vs_goal']} of the {GOAL_S:.0f} s goal), {result['heartbeats']} "
+        f"heartbeats, {result['cpu_us_per_heartbeat']} us CPU per heartbeat, "
+        f"{result['violations']} violations"
+    )
+    return 0 if result["violations"] == 0 else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,719 @@
+"""`MemberDriver`: one group member's request managers and the order between them, sans I/O.
+
+The driver owns the membership core (with its heartbeat manager) and the coordinator,
+metadata and commit request managers of one member, and decides what goes out when: the
+coordinator lookup (shared by the members of one process, see `SharedLookups`), metadata,
+commits before the heartbeat of the same run on the same connection (so a commit made before
+a leave is applied before it), OffsetFetches, the auto-commit, then the heartbeat. It reads no
+clock, opens no socket and starts no thread:
+
+- in: application events (`MemberDriver.submit`, `commit`, `fetch_offsets`, ...), responses
+  and failures (`on_response` / `on_failure`, fed back as values: a `Failure` mapped once by
+  the host's error boundary), and time (``now_ms`` on every call);
+- out: requests, handed to a `Transport` as `Outbound` values, the time of the next run
+  (`run` returns it), and application-bound events (`MemberDriver.outbox`: finished commits
+  and OffsetFetches, partitions to fence, group errors) plus the core's background events.
+
+Hosts: the runtime's `MemberNetwork` drives it on the shared network loop over real
+connections; the tests drive it over a scripted transport. Like the core, a driver is not
+thread-safe: its host calls it from one thread only (the network loop's, in the runtime).
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import logging
+import uuid
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple, Protocol
+
+from consumer_sdk.backoff import Backoff
+from consumer_sdk.domain import (
+    ClusterMetadata,
+    Coordinator,
+    HeartbeatRequest,
+    HeartbeatResponse,
+    OffsetFetchRequest,
+    OffsetFetchResponse,
+    PartitionResult,
+)
+from consumer_sdk.error_codes import ErrorCode
+from consumer_sdk.membership import (
+    ApplicationEvent,
+    ErrorEvent,
+    Failure,
+    FailureKind,
+    GroupMembership,
+    MemberState,
+)
+from consumer_sdk.membership.requests import (
+    CommitKind,
+    CommitRequestManager,
+    CommitResult,
+    CoordinatorManager,
+    MetadataManager,
+    OffsetLike,
+)
+
+__all__ = [
+    "Api",
+    "AppBound",
+    "CommitDone",
+    "CoordinatorUnreachable",
+    "DriverConfig",
+    "Fence",
+    "FetchDone",
+    "MemberDriver",
+    "MemberSnapshot",
+    "Outbound",
+    "SharedLookups",
+    "Transport",
+]
+
+log = logging.getLogger("consumer_sdk.runtime")
+
+Partition = tuple[str, int]
+
+_COORDINATOR_ERRORS = frozenset({ErrorCode.NOT_COORDINATOR, ErrorCode.COORDINATOR_NOT_AVAILABLE})
+_IDLE_MS = 5_000
+# FindCoordinator failures in a row after which the application hears of an unreachable
+# coordinator (error_cb).
+_UNREACHABLE_AFTER = 3
+_IN_GROUP = frozenset({MemberState.STABLE, MemberState.RECONCILING, MemberState.ACKNOWLEDGING})
+
+
+# -- what goes out ------------------------------------------------------------------------------
+
+
+class Api(enum.Enum):
+    """The requests a member sends."""
+
+    HEARTBEAT = "ConsumerGroupHeartbeat"
+    FIND_COORDINATOR = "FindCoordinator"
+    METADATA = "Metadata"
+    OFFSET_COMMIT = "OffsetCommit"
+    OFFSET_FETCH = "OffsetFetch"
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Outbound:
+    """One request for the transport. ``coordinator``: send it to the group coordinator at
+    that address; None: to any broker (the transport picks a bootstrap server). ``payload``
+    by `api`: the `HeartbeatRequest`, the group id (FindCoordinator), the topics or None for
+    all (Metadata), the `OffsetCommitRequest`, the `OffsetFetchRequest`. ``tag``: the commit
+    or fetch id the outcome belongs to."""
+
+    api: Api
+    payload: Any
+    coordinator: Coordinator | None
+    timeout_ms: int
+    tag: int = 0
+
+
+class Transport(Protocol):
+    """Where a driver's requests go (httpcore's backend: one real implementation over the
+    network loop's connections, a scripted one in unit tests). Each `Outbound` gets exactly
+    one outcome later, fed to the driver's `MemberDriver.on_response` or `on_failure`;
+    requests to one address are sent in the order given."""
+
+    def send(self, request: Outbound) -> None: ...
+
+    def connection_id(self, coordinator: Coordinator) -> Hashable | None:
+        """Which established connection reaches ``coordinator`` (None: none is up). A
+        different value than before means the connection was replaced."""
+        ...
+
+
+# -- what comes back to the application ------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class CommitDone:
+    """A commit finished (``offsets``: what it was asked to commit)."""
+
+    result: CommitResult
+    offsets: Mapping[Partition, OffsetLike]
+
+
+@dataclass(frozen=True, slots=True)
+class FetchDone:
+    """An OffsetFetch finished: the answer, or the failure that ended it."""
+
+    fetch_id: int
+    response: OffsetFetchResponse | None
+    failure: Failure | None
+
+
+@dataclass(frozen=True, slots=True)
+class Fence:
+    """Stop handing out records of these partitions now (lost or pending revocation)."""
+
+    partitions: frozenset[Partition]
+
+
+@dataclass(frozen=True, slots=True)
+class CoordinatorUnreachable:
+    """For ``error_cb``: the coordinator lookup failed several times in a row. ``transport``:
+    the lookups got no answer (``code`` is then the failure's)."""
+
+    code: int
+    message: str
+    transport: bool
+
+
+AppBound = CommitDone | FetchDone | Fence | CoordinatorUnreachable
+
+
+class MemberSnapshot(NamedTuple):
+    """What the application side may know of a member, frozen after a run of its driver and
+    published by reference swap (read it once, use its fields together).
+
+    ``heartbeat_due_ms`` is on the host's clock (the runtime's: ``time.monotonic()`` in ms);
+    ``events_taken`` counts the application events and requests the host has taken in, and
+    ``commits_taken`` the commits among them (compare with what was submitted to know whether
+    some are still queued)."""
+
+    state: MemberState
+    member_id: str
+    member_epoch: int
+    assigned: frozenset[Partition]
+    pending_revocation: frozenset[Partition]
+    coordinator_known: bool
+    heartbeat_interval_ms: int
+    heartbeat_in_flight: bool
+    heartbeat_due_ms: int
+    pending_commits: int
+    last_heartbeat_response_ms: int | None = None
+    events_taken: int = 0
+    commits_taken: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class DriverConfig:
+    """What the driver needs of the consumer configuration."""
+
+    group_id: str
+    group_instance_id: str | None
+    retry_backoff_ms: int
+    retry_backoff_max_ms: int
+    auto_commit_interval_ms: int  # 0: no auto-commit
+    request_timeout_ms: int  # socket.timeout.ms
+
+
+# -- per-process lookups shared by the members -------------------------------------------------
+
+
+class _TopicNames:
+    """Topic id -> name of one cluster: a member whose assignment names known ids resolves
+    them without a Metadata request, and members needing more wait for one full request
+    instead of each sending their own."""
+
+    def __init__(self) -> None:
+        self.names: dict[uuid.UUID, str] = {}
+        self.in_flight = False
+        self.waiters: list[Callable[[], None]] = []
+
+    def update(self, names: Mapping[uuid.UUID, str]) -> None:
+        self.names.update(names)
+        self.in_flight = False
+        waiters, self.waiters = self.waiters, []
+        for wake in waiters:
+            wake()
+
+
+class _Coordinators:
+    """Group coordinators of one cluster: after a coordinator change or a dropped
+    connection, one FindCoordinator per group goes out and the other members of that group
+    take its answer, instead of each asking."""
+
+    def __init__(self) -> None:
+        self.known: dict[str, Coordinator] = {}
+        self.in_flight: set[str] = set()
+        self.waiters: dict[str, list[Callable[[], None]]] = {}
+
+    def done(self, group_id: str, found: Coordinator | None) -> None:
+        if found is not None and found.error_code == 0:
+            self.known[group_id] = found
+        self.in_flight.discard(group_id)
+        for wake in self.waiters.pop(group_id, []):
+            wake()
+
+    def forget(self, group_id: str, coordinator: Coordinator) -> None:
+        if self.known.get(group_id) == coordinator:
+            del self.known[group_id]
+
+
+class SharedLookups:
+    """The coordinator and topic-name lookups shared by the members of one process that talk
+    to the same cluster (same thread as the drivers that use it)."""
+
+    def __init__(self) -> None:
+        self.coordinators = _Coordinators()
+        self.topics = _TopicNames()
+
+
+@dataclass(slots=True)
+class _Fetch:
+    fetch_id: int
+    request: OffsetFetchRequest
+    deadline_ms: int
+
+
+# -- the driver ---------------------------------------------------------------------------------
+
+
+class MemberDriver:
+    """One member's request managers and their ordering; see the module docstring.
+
+    ``wake`` asks the host for a run soon (another member's shared lookup answered for this
+    one). ``on_heartbeat_sent`` is told of every heartbeat handed to the transport.
+    """
+
+    def __init__(
+        self,
+        config: DriverConfig,
+        core: GroupMembership,
+        transport: Transport,
+        shared: SharedLookups,
+        wake: Callable[[], None],
+        backoff: Callable[[], Backoff],
+        ids: Callable[[], int] | None = None,
+    ) -> None:
+        self.config = config
+        self.core = core
+        self.transport = transport
+        self.shared = shared
+        self._wake = wake
+        #: Commit ids (the host may hand them out ahead, from any thread: `commit` takes one).
+        self._ids = ids if ids is not None else itertools.count(1).__next__
+        self.coordinator = CoordinatorManager(config.group_id, backoff())
+        self.metadata = MetadataManager(backoff())
+        self.commits = CommitRequestManager(
+            config.group_id,
+            config.group_instance_id,
+            backoff(),
+            auto_commit_interval_ms=config.auto_commit_interval_ms,
+            default_timeout_ms=config.request_timeout_ms,
+        )
+        #: Application-bound events, oldest first; the host drains it after each call.
+        self.outbox: list[AppBound] = []
+        #: What an auto-commit may commit, asked for when one is due: the data plane's
+        #: committable positions, and the partitions of a manual assignment (None: none,
+        #: only the group's assigned partitions are committed). Must not block.
+        self.committable: (
+            Callable[[], tuple[Mapping[Partition, OffsetLike], frozenset[Partition] | None]] | None
+        ) = None
+        self.heartbeat_in_flight = False
+        #: When (host ms) the heartbeat manager next wants to run.
+        self.heartbeat_due_ms = 0
+        self._commit_offsets: dict[int, Mapping[Partition, OffsetLike]] = {}
+        self._commit_sent_ms: dict[int, int] = {}
+        self._fetches: list[_Fetch] = []
+        # The coordinator connection the last heartbeat was answered on (see `run`).
+        self._hb_conn: Hashable | None = None
+        # The coordinator the last heartbeat went to (see `_coordinator_found`).
+        self._hb_target: tuple[int, str, int] | None = None
+        self.stopped = False
+
+    def snapshot(self, events_taken: int = 0, commits_taken: int = 0) -> MemberSnapshot:
+        core = self.core
+        return MemberSnapshot(
+            core.state,
+            core.member_id,
+            core.member_epoch,
+            core.assigned_partitions,
+            core.pending_revocation,
+            core.coordinator_known,
+            core.heartbeat_interval_ms,
+            self.heartbeat_in_flight,
+            self.heartbeat_due_ms,
+            self.commits.pending,
+            core.metrics.last_heartbeat_response_ms,
+            events_taken,
+            commits_taken,
+        )
+
+    # -- application events (the host calls these on the driver's thread) ---------------------
+
+    def submit(self, event: ApplicationEvent) -> None:
+        self.core.submit(event)
+
+    def commit(
+        self,
+        now_ms: int,
+        offsets: Mapping[Partition, OffsetLike],
+        kind: CommitKind,
+        timeout_ms: int | None = None,
+        epoch: int = -1,
+        commit_id: int | None = None,
+        releasing: Iterable[Partition] = (),
+    ) -> int:
+        """Queue a commit; its `CommitDone` carries the returned id (``commit_id`` if given,
+        one the host took from the driver's ``ids`` ahead). ``releasing``: see
+        `CommitRequestManager.commit`."""
+        if commit_id is None:
+            commit_id = self._ids()
+        self.commits.commit(
+            now_ms, offsets, kind, timeout_ms, epoch, releasing=releasing, commit_id=commit_id
+        )
+        self._commit_offsets[commit_id] = offsets
+        return commit_id
+
+    def fetch_offsets(self, fetch_id: int, request: OffsetFetchRequest, deadline_ms: int) -> None:
+        """Queue an OffsetFetch to the coordinator (found first if needed); it ends with a
+        `FetchDone`, at the latest at ``deadline_ms``."""
+        self._fetches.append(_Fetch(fetch_id, request, deadline_ms))
+
+    def observe_committed(self, response: OffsetFetchResponse) -> None:
+        """An OffsetFetch answer's offsets become the commits' no-regression floor."""
+        self.commits.observe_committed(
+            {
+                (r.topic, r.partition): r.offset
+                for r in response.partitions
+                if r.error_code == 0 and r.offset >= 0
+            }
+        )
+
+    def forget_committed(self, partitions: set[Partition]) -> None:
+        self.commits.forget(partitions)
+
+    def request_metadata(self, topics: Sequence[str]) -> None:
+        self.metadata.request(topics)
+
+    def fail(self) -> None:
+        """The member failed: pending OffsetFetches end with the caller's own error."""
+        self.stopped = True
+        self._fetches.clear()
+
+    # -- a run ---------------------------------------------------------------------------------
+
+    def run(self, now: int) -> int:
+        """Poll every manager in order, send what they ask for, and return how long (ms) the
+        host may wait before the next run. (Each step first checks cheaply whether its manager
+        has anything to do: most runs only heartbeat.)"""
+        core, coord, commits, metadata = self.core, self.coordinator, self.commits, self.metadata
+        if self._fetches:
+            self._expire_fetches(now)
+        # Coordinator
+        needed = waiting = False
+        if coord.coordinator is None:
+            group = self.config.group_id
+            needed = core.coordinator_needed or commits.pending > 0 or bool(self._fetches)
+            if needed and not coord.in_flight:
+                shared = self.shared.coordinators
+                found = shared.known.get(group)
+                if found is not None:
+                    coord.adopt(found)
+                elif group in shared.in_flight:
+                    shared.waiters.setdefault(group, []).append(self._wake)
+                    waiting = True  # another member's lookup answers for this one too
+            find = coord.poll(now, needed and not waiting)
+            if find is not None:
+                self.shared.coordinators.in_flight.add(find.group_id)
+                self._send(Api.FIND_COORDINATOR, find.group_id, None)
+        known = coord.coordinator
+        if known is not None and not core.coordinator_known:
+            self._coordinator_found(now)
+        # Metadata
+        metadata_active = metadata.pending or core.metadata_needed
+        if metadata_active:
+            if core.metadata_needed and not metadata.pending:
+                self._resolve_topics(now)
+            send = metadata.poll(now)
+            if send is not None:
+                if send.topics is None:
+                    self.shared.topics.in_flight = True
+                self._send(Api.METADATA, send.topics, None)
+        # Commits go out before the heartbeat of the same run, over the same connection (the
+        # broker answers one connection's requests in order): an asynchronous commit made
+        # before a leave (say, in on_revoke of close()) is applied before the leave, with the
+        # epoch it was made under.
+        auto = self.config.auto_commit_interval_ms > 0
+        if auto and commits.auto_commit_due(now):
+            self._auto_commit(now)
+        commits_active = auto or commits.pending > 0
+        if commits_active:
+            member_id, epoch = core.member_id, core.member_epoch
+            for c in commits.poll(now, member_id, epoch, known is not None):
+                self._commit_sent_ms[c.commit_id] = now
+                self._send(Api.OFFSET_COMMIT, c.request, known, c.commit_id)
+        if known is not None and self._fetches:
+            fetches, self._fetches = self._fetches, []
+            for f in fetches:
+                self._send(Api.OFFSET_FETCH, f.request, known, f.fetch_id)
+        # Heartbeat
+        if self._hb_conn is not None and self._coordinator_conn() != self._hb_conn:
+            self._hb_conn = None
+            core.on_coordinator_connection_lost()
+        result = core.poll(now)
+        if result.request is not None:
+            self._send_heartbeat(result.request)
+        self.heartbeat_due_ms = now + result.next_poll_ms
+        # A run at least every _IDLE_MS, whatever the managers say.
+        wait = 0 if core.app_events else min(result.next_poll_ms, _IDLE_MS)
+        if needed and not waiting:
+            wait = min(wait, coord.time_until_next_poll(now, True, _IDLE_MS))
+        if metadata_active:
+            wait = min(wait, metadata.time_until_next_poll(now, _IDLE_MS))
+        for f in self._fetches:
+            wait = min(wait, max(f.deadline_ms - now, 0))
+        if commits_active:
+            wait = min(wait, commits.time_until_next_poll(now, known is not None, _IDLE_MS))
+        self._collect_commits()
+        return wait
+
+    def _send(self, api: Api, payload: Any, coordinator: Coordinator | None, tag: int = 0) -> None:
+        self.transport.send(Outbound(api, payload, coordinator, self._timeout_ms(False), tag))
+
+    def _send_heartbeat(self, request: HeartbeatRequest) -> None:
+        target = self.coordinator.coordinator
+        self.heartbeat_in_flight = True
+        if target is not None:
+            self._hb_target = (target.node_id, target.host, target.port)
+        self.transport.send(Outbound(Api.HEARTBEAT, request, target, self._timeout_ms(True)))
+
+    def _timeout_ms(self, heartbeat: bool) -> int:
+        """Request timeout. A timed-out request closes the shared connection and fails every
+        request on it, so it is generous: Java's request.timeout.ms (30 s) at most, and for
+        heartbeats three intervals (at least 5 s), which still notices a hung coordinator
+        well before a session timeout of the usual 45 s."""
+        limit = min(self.config.request_timeout_ms, 30_000)
+        if not heartbeat:
+            return limit
+        interval = self.core.heartbeat_interval_ms or 3000
+        return min(max(3 * interval, 5_000), limit)
+
+    def _coordinator_found(self, now: int) -> None:
+        """Tell the core; a coordinator other than the one the last heartbeat went to gets
+        the next heartbeat at once (see `HeartbeatRequestManager.on_coordinator_known`)."""
+        found = self.coordinator.coordinator
+        assert found is not None
+        target = (found.node_id, found.host, found.port)
+        self.core.on_coordinator_known(now, self._hb_target not in (None, target))
+
+    def _coordinator_conn(self) -> Hashable | None:
+        coordinator = self.coordinator.coordinator
+        return None if coordinator is None else self.transport.connection_id(coordinator)
+
+    def _coordinator_lost(self, reason: str) -> None:
+        known = self.coordinator.coordinator
+        if known is not None:
+            self.shared.coordinators.forget(self.config.group_id, known)
+        self.coordinator.mark_unknown(reason)
+
+    def coordinator_detail(self) -> str:
+        last = self.coordinator.last_error
+        return "no lookup answered yet" if last is None else f"last error: {last[1]}"
+
+    def _expire_fetches(self, now: int) -> None:
+        """OffsetFetches still waiting for a coordinator past their deadline fail."""
+        if not self._fetches:
+            return
+        keep = []
+        for f in self._fetches:
+            if now >= f.deadline_ms:
+                message = (
+                    f"OffsetFetch for group {self.config.group_id!r}: the group coordinator "
+                    f"was not found in time ({self.coordinator_detail()})"
+                )
+                failure = Failure(FailureKind.TIMEOUT, message, int(ErrorCode.REQUEST_TIMED_OUT))
+                self.outbox.append(FetchDone(f.fetch_id, None, failure))
+            else:
+                keep.append(f)
+        self._fetches = keep
+
+    def _resolve_topics(self, now: int) -> None:
+        view = self.shared.topics
+        unresolved = self.core.unresolved_topic_ids
+        if unresolved and unresolved <= view.names.keys():
+            self.core.on_metadata(now, {**self.metadata.topic_names, **view.names})
+        elif view.in_flight:
+            view.waiters.append(self._wake)
+        else:
+            self.metadata.request(None)
+
+    def _auto_commit(self, now: int) -> None:
+        """An auto-commit of the data plane's positions: those of the manual assignment, or of
+        the assigned partitions while in the group; else none this interval."""
+        core = self.core
+        positions, manual = self.committable() if self.committable is not None else ({}, None)
+        if manual:
+            chosen = {p: o for p, o in positions.items() if p in manual}
+        elif core.state in _IN_GROUP and core.member_epoch > 0:
+            assigned = core.assigned_partitions
+            chosen = {p: o for p, o in positions.items() if p in assigned}
+        else:
+            chosen = {}
+        if chosen:
+            self.commit(now, chosen, CommitKind.AUTO)
+        else:
+            self.commits.skip_auto_commit(now)
+
+    def _collect_commits(self) -> None:
+        done = self.commits.drain_completed()
+        if not done:
+            return
+        for r in done:
+            self.outbox.append(CommitDone(r, self._commit_offsets.pop(r.commit_id, {})))
+
+    # -- outcomes ------------------------------------------------------------------------------
+
+    def on_response(self, now: int, request: Outbound, response: Any) -> int:
+        """Apply the answer to ``request``. Returns 0 (run now) or, after a quiet heartbeat
+        answer of a stable member (nothing changed but the heartbeat's own timer), the ms
+        until the heartbeat is next due: the host may keep its scheduled run if earlier."""
+        api = request.api
+        if api is Api.HEARTBEAT:
+            return self._on_heartbeat(now, request.payload, response, None)
+        if api is Api.OFFSET_COMMIT:
+            self._on_commit(now, request.tag, response, None)
+        elif api is Api.OFFSET_FETCH:
+            self._on_fetch(request.tag, response, None)
+        elif api is Api.FIND_COORDINATOR:
+            self._on_coordinator(now, response, None)
+        else:
+            self._on_metadata(now, response, None)
+        return 0
+
+    def on_failure(self, now: int, request: Outbound, failure: Failure) -> int:
+        """``request`` got no answer (see `on_response` for the value returned)."""
+        api = request.api
+        if api is Api.HEARTBEAT:
+            return self._on_heartbeat(now, request.payload, None, failure)
+        if api is Api.OFFSET_COMMIT:
+            self._on_commit(now, request.tag, None, failure)
+        elif api is Api.OFFSET_FETCH:
+            self._on_fetch(request.tag, None, failure)
+        elif api is Api.FIND_COORDINATOR:
+            self._on_coordinator(now, None, failure)
+        else:
+            self._on_metadata(now, None, failure)
+        return 0
+
+    def _on_heartbeat(
+        self,
+        now: int,
+        request: HeartbeatRequest,
+        response: HeartbeatResponse | None,
+        failure: Failure | None,
+    ) -> int:
+        if self.stopped:
+            return 0
+        core = self.core
+        was_stable = core.state is MemberState.STABLE
+        if response is not None:
+            core.on_heartbeat_response(now, response, request)
+            self._hb_conn = self._coordinator_conn()
+            if response.error_code in _COORDINATOR_ERRORS:
+                self._coordinator_lost(ErrorCode.name_of(response.error_code))
+        else:
+            assert failure is not None
+            core.on_heartbeat_failure(now, failure, request)
+            if failure.kind is FailureKind.DISCONNECTED:
+                self._coordinator_lost(failure.message)
+        if self.coordinator.coordinator is None and core.coordinator_known:
+            core.on_coordinator_unknown(now)
+        self.heartbeat_in_flight = False
+        quiet = (
+            was_stable
+            and response is not None
+            and response.error_code == 0
+            and response.assignment is None
+            and core.state is MemberState.STABLE
+            and not core.app_events
+            and not core.background_events
+        )
+        if quiet:
+            wait_ms = core.time_until_next_poll(now)
+            self.heartbeat_due_ms = now + wait_ms
+            return wait_ms
+        # Fenced, fatal or stale: the partitions are lost now, not when on_lost runs in the
+        # next poll(); records of theirs still buffered must not reach the application.
+        pending = core.pending_revocation
+        if pending:
+            self.outbox.append(Fence(frozenset(pending)))
+        return 0
+
+    def _on_coordinator(
+        self, now: int, result: Coordinator | None, failure: Failure | None
+    ) -> None:
+        self.shared.coordinators.done(self.config.group_id, result)
+        if self.stopped:
+            return
+        coord = self.coordinator
+        unreachable: CoordinatorUnreachable | None = None
+        if result is not None:
+            report = coord.on_response(now, result)
+            if result.error_code == 0:
+                self._coordinator_found(now)
+            elif coord.failures == _UNREACHABLE_AFTER:
+                message = f"group coordinator unreachable: {self.coordinator_detail()}"
+                unreachable = CoordinatorUnreachable(result.error_code, message, False)
+        else:
+            assert failure is not None
+            report = coord.on_failure(now, failure)
+            if failure.kind is FailureKind.AUTHENTICATION:
+                # Configuration errors: reported with the code the boundary gave them.
+                report = (failure.code, f"cannot connect to the cluster: {failure.message}")
+            elif coord.failures == _UNREACHABLE_AFTER:
+                message = f"group coordinator unreachable: {failure.message}"
+                unreachable = CoordinatorUnreachable(failure.code, message, True)
+        if report is not None:
+            self._report(report)
+        if unreachable is not None:
+            self.outbox.append(unreachable)
+
+    def _report(self, report: tuple[int, str]) -> None:
+        code, message = report
+        events = self.core.background_events
+        if not any(isinstance(e, ErrorEvent) and e.message == message for e in list(events)):
+            events.append(ErrorEvent(code, message, fatal=False))
+
+    def _on_metadata(
+        self, now: int, result: ClusterMetadata | None, failure: Failure | None
+    ) -> None:
+        if self.stopped:
+            return
+        if result is not None:
+            self.metadata.on_response(now, result)
+            self.shared.topics.update(self.metadata.topic_names)
+            self.core.on_metadata(now, self.metadata.topic_names)
+        else:
+            assert failure is not None
+            self.metadata.on_failure(now, failure)
+            self.shared.topics.update({})
+
+    def _on_commit(
+        self,
+        now: int,
+        commit_id: int,
+        results: Sequence[PartitionResult] | None,
+        failure: Failure | None,
+    ) -> None:
+        sent = self._commit_sent_ms.pop(commit_id, None)
+        if results is not None:
+            if sent is not None:  # commit-rate / commit-latency-*: answered requests
+                self.core.metrics.record_commit(now, now - sent)
+            rediscover = self.commits.on_response(now, commit_id, results)
+        else:
+            assert failure is not None
+            rediscover = self.commits.on_failure(now, commit_id, failure)
+        if rediscover:
+            self._coordinator_lost("OffsetCommit coordinator error")
+            if self.core.coordinator_known:
+                self.core.on_coordinator_unknown(now)
+        self._collect_commits()
+
+    def _on_fetch(
+        self, fetch_id: int, response: OffsetFetchResponse | None, failure: Failure | None
+    ) -> None:
+        if failure is not None:
+            if failure.kind is FailureKind.DISCONNECTED:
+                self._coordinator_lost(failure.message)
+        elif response is not None:
+            if response.error_code in _COORDINATOR_ERRORS:
+                self._coordinator_lost(f"OffsetFetch: {ErrorCode.name_of(response.error_code)}")
+            self.observe_committed(response)
+        self.outbox.append(FetchDone(fetch_id, response, failure))

@@ -1,0 +1,157 @@
+"""`LoopTransport`: a member driver's requests over the network loop's shared connections.
+
+Loop thread only. It turns each `Outbound` into the wire call (``protocol.multiplex``),
+sends it over the shared `MuxConnection` of its destination (a bootstrap server, tried in
+turn after failures, or the group coordinator) and hands the outcome, response or
+exception, to ``deliver`` on the loop thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Hashable
+from typing import Any
+
+from consumer_sdk.domain import Coordinator, HeartbeatRequest
+from consumer_sdk.errors import KafkaException, KafkaTransportError
+from consumer_sdk.protocol import messages as m
+from consumer_sdk.protocol.heartbeat_codec import HeartbeatEncoder
+from consumer_sdk.protocol.multiplex import Call, HeartbeatCall, KioCall, MuxConnection
+from consumer_sdk.protocol.security import ConnectionSettings
+from consumer_sdk.runtime.driver import Api, Outbound
+from consumer_sdk.runtime.netloop import NetworkLoop
+
+__all__ = ["Deliver", "HeartbeatTrace", "LoopTransport"]
+
+log = logging.getLogger("consumer_sdk.runtime")
+
+_ENCODER = HeartbeatEncoder()  # used on the loop thread only
+
+#: ``deliver(request, response, error)``: exactly one of response and error is set.
+Deliver = Callable[[Outbound, Any, KafkaException | None], None]
+#: Diagnostics: ``(request, sent wall-clock time, response or None, error or None)``.
+HeartbeatTrace = Callable[[HeartbeatRequest, float, Any, KafkaException | None], None]
+LogTarget = logging.Logger | logging.LoggerAdapter[logging.Logger]
+
+
+class LoopTransport:
+    """The real `Transport` of the runtime; see the module docstring."""
+
+    def __init__(
+        self,
+        loop: NetworkLoop,
+        settings: ConnectionSettings,
+        bootstrap: list[tuple[str, int]],
+        deliver: Deliver,
+        logger: LogTarget | None = None,
+        *,
+        allow_auto_create_topics: bool = False,
+    ) -> None:
+        self._auto_create = allow_auto_create_topics
+        self._loop = loop
+        self.settings = settings
+        self._client_id = settings.client_id
+        self._bootstrap = bootstrap
+        self._bootstrap_index = 0
+        self._deliver = deliver
+        self._logger = logger
+        self.conns: dict[tuple[str, int], MuxConnection] = {}
+        self.heartbeat_trace: HeartbeatTrace | None = None
+        #: Diagnostics: called with each heartbeat request as it is handed to its connection.
+        self.heartbeat_sent: Callable[[HeartbeatRequest], None] | None = None
+
+    def _conn(self, host: str, port: int) -> MuxConnection:
+        conn = self.conns.get((host, port))
+        if conn is None:
+            conn = self.conns[(host, port)] = self._loop.connection(self.settings, host, port)
+            if conn.log_target is None:
+                conn.log_target = self._logger
+        return conn
+
+    def connection_id(self, coordinator: Coordinator) -> Hashable | None:
+        conn = self._conn(coordinator.host, coordinator.port)
+        if conn.state != MuxConnection.READY:
+            return None
+        return (id(conn), conn.generation)
+
+    def send(self, request: Outbound) -> None:
+        api = request.api
+        done: Callable[[Any, KafkaException | None], None]
+        if api is Api.FIND_COORDINATOR or api is Api.METADATA:
+            host, port = self._bootstrap[self._bootstrap_index % len(self._bootstrap)]
+            done = self._from_any_broker(request)
+        else:
+            coordinator = request.coordinator
+            if coordinator is None:
+                error = KafkaTransportError("the group coordinator is unknown")
+                self._loop.call_soon(lambda: self._deliver(request, None, error))
+                return
+            host, port = coordinator.host, coordinator.port
+            trace = self.heartbeat_trace
+            if api is Api.HEARTBEAT and self.heartbeat_sent is not None:
+                self.heartbeat_sent(request.payload)
+            if api is Api.HEARTBEAT and trace is not None:
+                done = self._traced(request, trace, time.time())
+            else:
+                done = self._from_coordinator(request)
+        conn = self._conn(host, port)
+        self._loop.request(conn, self._call(request), done, request.timeout_ms / 1000)
+
+    def _from_any_broker(self, request: Outbound) -> Callable[[Any, KafkaException | None], None]:
+        def done(response: Any, error: KafkaException | None) -> None:
+            if error is not None:
+                self._bootstrap_index += 1  # try the next bootstrap server
+            self._deliver(request, response, error)
+
+        return done
+
+    def _from_coordinator(self, request: Outbound) -> Callable[[Any, KafkaException | None], None]:
+        deliver = self._deliver
+        return lambda response, error: deliver(request, response, error)
+
+    def _traced(
+        self, request: Outbound, trace: HeartbeatTrace, sent: float
+    ) -> Callable[[Any, KafkaException | None], None]:
+        def done(response: Any, error: KafkaException | None) -> None:
+            try:
+                trace(request.payload, sent, response, error)
+            except Exception:
+                log.exception("heartbeat trace failed")
+            self._deliver(request, response, error)
+
+        return done
+
+    def _call(self, request: Outbound) -> Call[Any]:
+        api, payload, client_id = request.api, request.payload, self._client_id
+        if api is Api.HEARTBEAT:
+            return HeartbeatCall(payload, _ENCODER, client_id)
+        if api is Api.OFFSET_COMMIT:
+            return KioCall(
+                m.API_OFFSET_COMMIT,
+                lambda v: m.offset_commit_call(payload, v),
+                m.offset_commit_from_kio,
+                client_id,
+            )
+        if api is Api.OFFSET_FETCH:
+            return KioCall(
+                m.API_OFFSET_FETCH,
+                lambda v: m.offset_fetch_call(payload, v),
+                m.offset_fetch_from_kio,
+                client_id,
+            )
+        if api is Api.FIND_COORDINATOR:
+            return KioCall(
+                m.API_FIND_COORDINATOR,
+                lambda v: m.find_coordinator_call(payload, v),
+                lambda r: m.find_coordinator_from_kio(payload, r),
+                client_id,
+            )
+        topics = None if payload is None else list(payload)
+        auto_create = self._auto_create
+        return KioCall(
+            m.API_METADATA,
+            lambda v: m.metadata_call(topics, v, auto_create),
+            m.metadata_from_kio,
+            client_id,
+        )

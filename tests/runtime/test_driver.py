@@ -1,0 +1,238 @@
+"""`MemberDriver` over a scripted transport: the request ordering, the shared lookups, the
+error values it is fed, and the application-bound events it produces (sans I/O, virtual
+time; the runtime runs the same driver over real connections in the other tests here)."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Hashable
+from dataclasses import dataclass
+
+from consumer_sdk.domain import (
+    Coordinator,
+    HeartbeatResponse,
+    OffsetFetchRequest,
+    OffsetFetchResponse,
+    PartitionResult,
+)
+from consumer_sdk.error_codes import ErrorCode as E
+from consumer_sdk.membership import (
+    CallbackCompleted,
+    CallbacksNeeded,
+    Close,
+    CommitCompleted,
+    CommitNeeded,
+    Failure,
+    FailureKind,
+    GroupMembership,
+    MembershipConfig,
+    MemberState,
+    Poll,
+    Subscribe,
+)
+from consumer_sdk.membership.heartbeat import Backoff
+from consumer_sdk.membership.requests import CommitKind
+from consumer_sdk.runtime.driver import (
+    Api,
+    CommitDone,
+    CoordinatorUnreachable,
+    DriverConfig,
+    FetchDone,
+    MemberDriver,
+    Outbound,
+    SharedLookups,
+)
+
+COORD = Coordinator("g", 1, "broker-1", 9092)
+
+
+@dataclass(frozen=True)
+class Off:
+    offset: int
+    leader_epoch: int = -1
+    metadata: str | None = None
+
+
+class ScriptedTransport:
+    """Records what the driver sends; the test answers each request by hand."""
+
+    def __init__(self) -> None:
+        self.sent: list[Outbound] = []
+        self.conn: Hashable | None = ("conn", 1)
+
+    def send(self, request: Outbound) -> None:
+        self.sent.append(request)
+
+    def connection_id(self, coordinator: Coordinator) -> Hashable | None:
+        return self.conn
+
+    def take(self) -> list[Outbound]:
+        out, self.sent = self.sent, []
+        return out
+
+
+def subscribe(d: MemberDriver, now: int) -> None:
+    """Subscribe and poll: the first run takes the events in (the member joins), the
+    application's next poll() runs it again."""
+    d.submit(Subscribe(topics=("t",)))
+    d.submit(Poll(now))
+    d.run(now)
+
+
+def driver(
+    shared: SharedLookups | None = None, wakes: list[int] | None = None
+) -> tuple[MemberDriver, ScriptedTransport]:
+    rng = random.Random(3)
+    core = GroupMembership(MembershipConfig(group_id="g"), rng=rng)
+    transport = ScriptedTransport()
+    d = MemberDriver(
+        DriverConfig("g", None, 100, 1000, 0, 30_000),
+        core,
+        transport,
+        shared or SharedLookups(),
+        lambda: (wakes if wakes is not None else []).append(1),
+        lambda: Backoff(100, 1000, 0.0, rng),
+    )
+    return d, transport
+
+
+def joined(now: int = 0) -> tuple[MemberDriver, ScriptedTransport]:
+    """A driver whose member is STABLE with no assignment at epoch 5."""
+    d, t = driver()
+    subscribe(d, 0)
+    d.run(now)
+    (find,) = t.take()
+    assert find.api is Api.FIND_COORDINATOR and find.payload == "g"
+    d.on_response(now, find, COORD)
+    d.run(now)
+    (hb,) = t.take()
+    assert hb.api is Api.HEARTBEAT and hb.coordinator == COORD
+    d.on_response(now, hb, HeartbeatResponse(0, 5, 1000, assignment=()))
+    for _ in range(5):  # the application polls and runs what it is asked to; acks answered
+        d.submit(Poll(now))
+        for event in d.core.drain_background_events():
+            if isinstance(event, CallbacksNeeded):
+                d.submit(CallbackCompleted(event.callback_id))
+            elif isinstance(event, CommitNeeded):
+                d.submit(CommitCompleted(event.commit_id))
+        d.run(now)
+        for r in t.take():
+            if r.api is Api.HEARTBEAT:
+                d.on_response(now, r, HeartbeatResponse(0, 5, 1000))
+    assert d.core.state is MemberState.STABLE and d.core.member_epoch == 5
+    return d, t
+
+
+def test_a_commit_made_before_the_leave_goes_out_first_on_the_coordinator() -> None:
+    d, t = joined()
+    t.take()
+    d.commit(10, {("t", 0): Off(7)}, CommitKind.ASYNC, epoch=5)
+    d.submit(Close())
+    d.run(10)
+    sent = t.take()
+    apis = [r.api for r in sent]
+    assert Api.OFFSET_COMMIT in apis and Api.HEARTBEAT in apis
+    assert apis.index(Api.OFFSET_COMMIT) < apis.index(Api.HEARTBEAT)
+    leave = sent[apis.index(Api.HEARTBEAT)]
+    assert leave.payload.member_epoch == -1
+    commit = sent[apis.index(Api.OFFSET_COMMIT)]
+    assert commit.coordinator == leave.coordinator == COORD
+    assert commit.payload.member_epoch == 5  # made in the group: its epoch, not the leave's
+
+
+def test_a_commit_answer_comes_back_as_an_application_bound_event() -> None:
+    d, t = joined()
+    t.take()
+    commit_id = d.commit(10, {("t", 0): Off(7)}, CommitKind.SYNC, commit_id=42)
+    assert commit_id == 42
+    d.run(10)
+    (req,) = [r for r in t.take() if r.api is Api.OFFSET_COMMIT]
+    d.on_response(20, req, (PartitionResult("t", 0),))
+    (done,) = [e for e in d.outbox if isinstance(e, CommitDone)]
+    assert done.result.commit_id == 42 and done.result.ok
+    assert dict(done.result.committed) == {("t", 0): 7}
+
+
+def test_members_of_one_group_share_one_coordinator_lookup() -> None:
+    shared = SharedLookups()
+    wakes: list[int] = []
+    a, ta = driver(shared)
+    b, tb = driver(shared, wakes)
+    for d in (a, b):
+        subscribe(d, 0)
+        d.run(0)
+    assert [r.api for r in ta.take()] == [Api.FIND_COORDINATOR]
+    assert tb.take() == []  # waits for a's lookup instead of sending its own
+    find = Outbound(Api.FIND_COORDINATOR, "g", None, 30_000)
+    a.on_response(5, find, COORD)
+    assert wakes  # b is woken by a's answer
+    b.run(5)
+    (hb,) = tb.take()
+    assert hb.api is Api.HEARTBEAT and hb.coordinator == COORD
+
+
+def test_failed_lookups_are_reported_once_with_the_boundarys_code() -> None:
+    d, t = driver()
+    subscribe(d, 0)
+    now = 0
+    reports = []
+    for _ in range(4):
+        d.run(now)
+        (find,) = t.take()
+        d.on_failure(now, find, Failure(FailureKind.TIMEOUT, "no answer", -185))
+        reports += [e for e in d.outbox if isinstance(e, CoordinatorUnreachable)]
+        d.outbox.clear()
+        now += 2_000  # past any backoff
+    assert len(reports) == 1
+    assert reports[0].code == -185 and reports[0].transport
+    assert "no answer" in reports[0].message
+
+
+def test_an_offset_fetch_without_a_coordinator_fails_at_its_deadline() -> None:
+    d, t = driver()
+    d.fetch_offsets(1, OffsetFetchRequest("g", (("t", 0),)), deadline_ms=500)
+    wait = d.run(0)
+    assert 0 < wait <= 500
+    assert [r.api for r in t.take()] == [Api.FIND_COORDINATOR]
+    d.run(500)
+    (done,) = d.outbox
+    assert isinstance(done, FetchDone) and done.response is None
+    assert done.failure is not None and done.failure.kind is FailureKind.TIMEOUT
+    assert "coordinator was not found in time" in done.failure.message
+
+
+def test_an_offset_fetch_answer_becomes_the_commit_floor() -> None:
+    d, t = joined()
+    t.take()
+    d.fetch_offsets(1, OffsetFetchRequest("g", (("t", 0),)), deadline_ms=10_000)
+    d.run(1)
+    (req,) = [r for r in t.take() if r.api is Api.OFFSET_FETCH]
+    d.on_response(2, req, OffsetFetchResponse(0, (PartitionResult("t", 0, offset=9),)))
+    assert any(isinstance(e, FetchDone) and e.response is not None for e in d.outbox)
+    d.commit(3, {("t", 0): Off(8)}, CommitKind.ASYNC)  # below what the group committed
+    d.run(3)
+    assert not [r for r in t.take() if r.api is Api.OFFSET_COMMIT]
+
+
+def test_a_replaced_coordinator_connection_makes_the_next_heartbeat_full() -> None:
+    d, t = joined()
+    t.take()
+    t.conn = ("conn", 2)  # the connection dropped and came back, nothing failed on it
+    d.run(5_000)
+    (hb,) = [r for r in t.take() if r.api is Api.HEARTBEAT]
+    assert hb.payload.subscribed_topic_names == ("t",)  # every field again
+
+
+def test_a_disconnected_heartbeat_forgets_the_coordinator_for_every_member() -> None:
+    shared = SharedLookups()
+    d, t = driver(shared)
+    subscribe(d, 0)
+    d.run(0)
+    (find,) = t.take()
+    d.on_response(0, find, COORD)
+    assert shared.coordinators.known["g"] == COORD
+    d.run(0)
+    (hb,) = t.take()
+    d.on_failure(1, hb, Failure(FailureKind.DISCONNECTED, "reset", E.NETWORK_EXCEPTION))
+    assert "g" not in shared.coordinators.known
+    assert d.coordinator.coordinator is None and not d.core.coordinator_known
