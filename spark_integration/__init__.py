@@ -70,15 +70,11 @@ FORMAT = "kip848"
 
 
 def register(spark: Any) -> None:
-    """Register the ``kip848`` source with a SparkSession (pyspark >= 4.2).
-
-    Also adds a ``StreamingQueryListener`` that reports each batch Spark made durable to
-    the query's group member, so even ``Trigger.Once`` commits its offsets to Kafka.
-    """
-    from spark_integration.source import Kip848DataSource, install_listener
+    """Register the ``kip848`` source with a SparkSession (pyspark >= 4.2), also a Spark
+    Connect session."""
+    from spark_integration.source import Kip848DataSource
 
     spark.dataSource.register(Kip848DataSource)
-    install_listener(spark)
 
 
 def kafka_schema(include_headers: bool = False) -> str:

@@ -14,35 +14,41 @@ Protocol (see docs/spark.md):
   assignment starts a partition at max(group's committed offset, what this query's sink
   already holds), else ``startingOffsets``. The new offset covers owned partitions only
   and records those starts under ``@meta.starts``.
-* ``commit(end)`` (Spark's "batch is durable", one batch late) does the same bookkeeping
-  and serves the member again.
-* ``plan(start, end)`` turns a logged batch into offset ranges. A range whose partition
-  this process does not own (a replay after restart, or a revocation while the batch is
-  in flight) starts no earlier than the group's committed offset, so progress another
-  member committed is not read again.
+* ``commit(end)`` (Spark's "batch is durable", one batch late, called after the next
+  batch was planned) marks ``end`` durable and commits it, but never serves the member:
+  a revocation is served only where no batch is in flight, so a partition revoked from
+  this query is never read by a batch planned after the revocation was served.
+* With ``checkpointLocation``, a watcher thread commits each batch as soon as Spark wrote
+  its commit-log entry, and ``close`` reads the commit log before the member leaves, so
+  the last batch before a stop (and Trigger.Once's only batch) is committed exactly.
+* ``plan(start, end)`` turns a logged batch into offset ranges. A batch replayed after a
+  restart reads only the partitions this run owns (from the group's committed offset if
+  another member got further); the others are read by their owners.
 """
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import json
 import logging
 import os
-import signal
 import threading
 import time
-import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
-from types import FrameType
 from typing import Any
 
 from confluent_kafka import Consumer as KafkaConsumer
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from consumer_sdk import GroupMember, MemberState
-from spark_integration import progress
+from spark_integration.checkpoint import CommitLog
+from spark_integration.member import (
+    AssignedPartitions,
+    SourceMember,
+    committed_offsets,
+    partitions_of,
+)
 from spark_integration.offsets import (
     EARLIEST,
     LATEST,
@@ -57,15 +63,15 @@ from spark_integration.offsets import (
 )
 from spark_integration.options import SourceOptions
 
-__all__ = ["GroupReader", "close_all_readers", "reader_for"]
+__all__ = ["GroupReader"]
 
 log = logging.getLogger("spark_integration")
 _KAFKA_LOG = logging.getLogger("spark_integration.librdkafka")
 
 _EMITTED_MEMORY = 64
 _CLOSE_TIMEOUT_S = 10.0
-_EXIT_WATCHDOG_S = 20.0
-_WATCH_INTERVAL_S = 0.1
+#: How often the commit-log watcher looks for a newly durable batch.
+_WATCH_INTERVAL_S = 0.2
 #: Poll slice while the member finishes reconciling its first assignment.
 _JOIN_SLICE_S = 0.005
 _RECONCILED_SOON = frozenset({MemberState.RECONCILING, MemberState.ACKNOWLEDGING})
@@ -82,14 +88,6 @@ _UNKNOWN = frozenset(
 )
 
 
-def _tps(parts: Iterable[Partition]) -> list[TopicPartition]:
-    return [TopicPartition(t, p) for t, p in sorted(parts)]
-
-
-def _parts(tps: Iterable[TopicPartition]) -> list[Partition]:
-    return sorted((tp.topic, tp.partition) for tp in tps)
-
-
 def _names(parts: Iterable[Partition]) -> str:
     by_topic: dict[str, list[int]] = {}
     for t, p in sorted(parts):
@@ -97,86 +95,23 @@ def _names(parts: Iterable[Partition]) -> str:
     return "; ".join(f"topic {t!r} partitions {ps}" for t, ps in by_topic.items())
 
 
-def _committed(member: Any, parts: Iterable[Partition], attempts: int = 3) -> dict[Partition, int]:
-    """The group's committed offsets (absent where none), retrying transient failures."""
-    for attempt in range(1, attempts + 1):
-        try:
-            return {
-                (tp.topic, tp.partition): tp.offset
-                for tp in member.committed(_tps(parts), timeout=10.0)
-                if tp.offset >= 0
-            }
-        except KafkaException as exc:
-            if attempt == attempts or exc.args[0].fatal():
-                raise
-            log.warning("kip848: fetching committed offsets failed (%s); retrying", exc)
-            time.sleep(0.2 * attempt)
-    raise AssertionError("unreachable")
-
-
-class _AssignedPartitions:
-    """Stands in for the ``GroupMember`` of an ``assign`` query: fixed partitions, no group.
-
-    Offsets are committed to ``group.id`` (when given) by a non-member client, so lag
-    tooling sees them; a broker accepts such commits while no member is in that group.
-    """
-
-    state = MemberState.STABLE
-    member_epoch = 0
-
-    def __init__(self, options: SourceOptions) -> None:
-        self.options = options
-        self.member_id = "assign-" + uuid.uuid4().hex[:16]
-        self._callbacks: dict[str, Any] = {}
-        self._assigned = False
-        self._client: KafkaConsumer | None = None
-        if options.group_id:
-            self._client = KafkaConsumer({**options.commit_config(), "logger": _KAFKA_LOG})
-
-    def subscribe(self, topics: list[str], **callbacks: Any) -> None:
-        self._callbacks = callbacks
-
-    def poll(self, timeout: float = 0.0) -> None:
-        if not self._assigned:
-            self._assigned = True
-            try:
-                self._callbacks["on_assign"](self, _tps(self.options.assign))
-            except Exception as exc:
-                raise KafkaException(KafkaError(KafkaError._APPLICATION, str(exc))) from exc
-
-    def committed(self, tps: list[TopicPartition], timeout: float = 10.0) -> list[TopicPartition]:
-        if self._client is None:
-            return []
-        return list(self._client.committed(tps, timeout=timeout))
-
-    def commit(
-        self, offsets: list[TopicPartition], asynchronous: bool = False, timeout: float = 10.0
-    ) -> None:
-        if self._client is not None:
-            self._client.commit(offsets=offsets, asynchronous=False)
-
-    def close(self, timeout: float = 10.0) -> None:
-        client, self._client = self._client, None
-        if client is not None:
-            client.close()
-
-
 class GroupReader:
     """The query's ``GroupMember`` plus the offset bookkeeping of the source.
 
-    Created lazily; the member joins on first use. Spark calls it from one thread; a lock
-    serialises those calls with the thread that commits batches reported durable by the
-    progress listener (`spark_integration.progress`).
+    Created lazily; the member joins on first use. Spark calls it from one thread (the
+    stream-reader process's main thread); the member is served (its rebalance callbacks
+    run) only inside ``latest_offset``, where no batch is in flight. A lock serialises
+    Spark's calls with the commit-log watcher thread, which only commits.
     """
 
     def __init__(
         self,
         options: SourceOptions,
-        member_factory: Callable[[dict[str, Any]], GroupMember] = GroupMember,
+        member_factory: Callable[[dict[str, Any]], SourceMember] = GroupMember,
     ) -> None:
         self.options = options
         self._member_factory = member_factory
-        self._member: Any = None
+        self._member: SourceMember | None = None
         self._watermark_client: KafkaConsumer | None = None
         self._lock = threading.RLock()
         self._owned: set[Partition] = set()
@@ -196,6 +131,10 @@ class GroupReader:
         self._last_trigger = time.monotonic()  # maxTriggerDelay counts from the start
         self._callback_error: Exception | None = None
         self._waited = False
+        self._skipped: dict[Partition, int] = {}  # replayed without it: the sink holds up to
+        self._commit_log = CommitLog(options.checkpoint) if options.checkpoint else None
+        self._commit_log_batch: int | None = None
+        self._warned_unknown_end = False
         self._closed = False
         self._joined = False
         self._watcher: threading.Thread | None = None
@@ -207,24 +146,24 @@ class GroupReader:
     # -- membership -------------------------------------------------------------------------
 
     @property
-    def member(self) -> Any:
+    def member(self) -> SourceMember | None:
         return self._member
 
     @property
     def owned(self) -> set[Partition]:
         return set(self._owned)
 
-    def _ensure_member(self, wait: bool) -> Any:
+    def _ensure_member(self, wait: bool) -> SourceMember:
         if self._closed:
             raise RuntimeError("the kip848 source reader is closed")
         if self._member is None:
             existing = self._await_startup()
             self._scope = set() if self._restarted else existing
-            member: Any
+            member: SourceMember
             if self.options.membership:
                 member = self._member_factory(self.options.member_config())
             else:
-                member = _AssignedPartitions(self.options)
+                member = AssignedPartitions(self.options)
             member.subscribe(
                 self.options.subscription,
                 on_assign=self._on_assign,
@@ -296,7 +235,7 @@ class GroupReader:
                 )
             time.sleep(min(0.5, remaining))
 
-    def _wait_stable(self, member: Any) -> None:
+    def _wait_stable(self, member: SourceMember) -> None:
         """Poll until the member has reconciled its first assignment (bounded).
 
         A poll returns as soon as a rebalance callback ran, but the step after it (the
@@ -320,7 +259,7 @@ class GroupReader:
                 )
                 return
 
-    def _poll(self, member: Any, timeout: float = 0.0) -> None:
+    def _poll(self, member: SourceMember, timeout: float = 0.0) -> None:
         """Serve the member: run the rebalance callbacks its heartbeat thread queued.
 
         Called once per Spark call (latestOffset, commit), so callbacks never run while a
@@ -337,18 +276,18 @@ class GroupReader:
                 raise
             log.warning("kip848: group %s: %s", self.options.group_id, error.str())
 
-    def _on_assign(self, member: Any, tps: list[TopicPartition]) -> None:
+    def _on_assign(self, member: SourceMember, tps: list[TopicPartition]) -> None:
         try:
             self._assign(member, tps)
         except Exception as exc:
             self._callback_error = exc
             raise
 
-    def _assign(self, member: Any, tps: list[TopicPartition]) -> None:
-        parts = _parts(tps)
+    def _assign(self, member: SourceMember, tps: list[TopicPartition]) -> None:
+        parts = partitions_of(tps)
         if not parts:
             return
-        committed = _committed(member, parts)
+        committed = committed_offsets(member, parts)
         fresh = [p for p in parts if p not in committed and p not in self._hints]
         starting = self._fresh_starts(fresh)
         for p in parts:
@@ -371,8 +310,8 @@ class GroupReader:
             epoch=member.member_epoch,
         )
 
-    def _on_revoke(self, member: Any, tps: list[TopicPartition]) -> None:
-        parts = _parts(tps)
+    def _on_revoke(self, member: SourceMember, tps: list[TopicPartition]) -> None:
+        parts = partitions_of(tps)
         if not parts:
             return
         offsets = {p: self._durable[p] for p in parts if p in self._durable}
@@ -393,8 +332,8 @@ class GroupReader:
             epoch=member.member_epoch,
         )
 
-    def _on_lost(self, member: Any, tps: list[TopicPartition]) -> None:
-        parts = _parts(tps)
+    def _on_lost(self, member: SourceMember, tps: list[TopicPartition]) -> None:
+        parts = partitions_of(tps)
         self._drop(parts)
         self._event("lost", parts)
 
@@ -459,7 +398,7 @@ class GroupReader:
             while not self._owned and time.monotonic() < deadline:
                 self._poll(member, 0.2)
         self._mark_durable(begin)
-        self._commit_durable(member)
+        self._commit_durable(member, serve=True)
         self._poll(member)
         froms: dict[Partition, int] = {}
         for p in sorted(self._owned - self._gone):
@@ -508,6 +447,8 @@ class GroupReader:
         self._last_trigger = time.monotonic()
         offset = SourceOffset(ends, starts, member.member_epoch, member.member_id)
         self._pending.clear()
+        for p in starts:
+            self._skipped.pop(p, None)
         self._remember(offset)
         self._last_end = offset
         return offset.to_json()
@@ -540,66 +481,79 @@ class GroupReader:
                 continue
             if frm < until:
                 ranges.append(OffsetRange(topic, partition, frm, until))
-        mine = finish.key() in self._emitted
-        check = [r for r in ranges if not mine or r.tp not in self._owned]
-        if check and self.options.membership:
-            # Not ours now (replay after a restart, or revoked in flight): skip what the group
-            # already committed past this range's start (another member's progress).
-            member = self._ensure_member(wait=False)
-            try:
-                committed = _committed(member, {r.tp for r in check})
-            except KafkaException as exc:  # e.g. a deleted topic: the executor reports it
-                log.info("kip848: committed offsets for replay planning unavailable: %s", exc)
-                committed = {}
-            adjusted = []
-            for r in ranges:
-                c = committed.get(r.tp, -1)
-                if r in check and c > r.from_offset:
-                    r = OffsetRange(r.topic, r.partition, min(c, r.until_offset), r.until_offset)
-                adjusted.append(r)
-            ranges = adjusted
+        if finish.key() not in self._emitted and ranges and self.options.membership:
+            ranges = self._replay_ranges(ranges)
         ranges = split_by_size(ranges, self.options.max_records_per_partition)
         return split_ranges(ranges, self.options.min_partitions)
 
+    def _replay_ranges(self, ranges: list[OffsetRange]) -> list[OffsetRange]:
+        """A batch of an earlier run, replayed after a restart: read only what is ours.
+
+        Every partition this run does not own now is read by its owner from the group's
+        committed offset on, and what lies before that offset is in a sink already: the
+        replay skips it, and this run remembers that its sink holds it only up to the
+        range's start (should it be assigned again). An owned partition is read from the
+        range's start, or from the group's committed offset if another member got further.
+        """
+        member = self._ensure_member(wait=True)
+        owned = [r for r in ranges if r.tp in self._owned]
+        for r in ranges:
+            if r.tp not in self._owned:
+                self._skipped[r.tp] = min(self._skipped.get(r.tp, r.from_offset), r.from_offset)
+                self._hints[r.tp] = min(self._hints.get(r.tp, r.from_offset), r.from_offset)
+        if len(owned) < len(ranges):
+            log.info(
+                "kip848: replaying a batch without %s (owned by another member now)",
+                _names({r.tp for r in ranges} - {r.tp for r in owned}),
+            )
+        try:
+            committed = committed_offsets(member, {r.tp for r in owned})
+        except KafkaException as exc:  # e.g. a deleted topic: the executor reports it
+            log.info("kip848: committed offsets for replay planning unavailable: %s", exc)
+            committed = {}
+        out = []
+        for r in owned:
+            c = committed.get(r.tp, -1)
+            if c > r.from_offset:
+                r = OffsetRange(r.topic, r.partition, min(c, r.until_offset), r.until_offset)
+            out.append(r)
+        return out
+
     def commit(self, end: Mapping[str, Any]) -> None:
-        """Spark made the batch ending at ``end`` durable: commit it to Kafka."""
+        """Spark made the batch ending at ``end`` durable: commit it to Kafka.
+
+        Does not serve the member: Spark calls this after it planned the next batch, and a
+        revocation served here would hand over a partition that batch reads.
+        """
         with self._lock:
             offset = SourceOffset.from_json(end)
             self._learn(offset)
-            member = self._ensure_member(wait=True)
+            member = self._ensure_member(wait=False)
             self._mark_durable(offset)
-            self._poll(member)
-            self._commit_durable(member)
-
-    def durable(self, end: Mapping[str, Any] | str) -> bool:
-        """The progress listener saw the batch ending at ``end`` complete: commit it now.
-
-        Only offsets this reader built count; returns whether it was one.
-        """
-        offset = SourceOffset.from_json(end)
-        with self._lock:
-            if self._closed or self._member is None or offset.key() not in self._emitted:
-                return False
-            self._mark_durable(offset)
-            self._commit_durable(self._member)
-            return True
+            self._commit_durable(member, serve=False)
 
     def close(self, timeout: float = _CLOSE_TIMEOUT_S) -> None:
-        """Leave the group (revoke callbacks commit durable offsets first). Idempotent."""
-        self._await_last_batch()
+        """Leave the group (revoke callbacks commit durable offsets first). Idempotent.
+
+        With ``checkpointLocation``, the commit log says whether the last batch completed,
+        so the next owner starts exactly where this query's sink stops.
+        """
+        self._stop_watch.set()
         with self._lock:
             if self._closed:
                 return
+            self._sync_commit_log()
+            self._warn_unknown_end()
             self._closed = True
-            self._stop_watch.set()
             member, self._member = self._member, None
             if member is not None:
+                with contextlib.suppress(KafkaException):
+                    self._commit_durable(member, serve=False)
                 try:
                     member.close(timeout=timeout)
                 except Exception as exc:  # closing is best-effort; the session timeout cleans up
                     log.warning("kip848: closing the group member failed: %s", exc)
                 self._event("left", [], member_id=member.member_id)
-                progress.forget(member.member_id)
             client, self._watermark_client = self._watermark_client, None
             if client is not None:
                 closer = threading.Thread(target=client.close, daemon=True)
@@ -608,54 +562,67 @@ class GroupReader:
             self._event("close", sorted(self._owned))
             log.info("kip848: left group %s", self.options.group_id)
 
-    # -- batches reported durable by the driver's progress listener -------------------------
+    # -- batches made durable, from the query's commit log ----------------------------------
 
     def _start_watcher(self) -> None:
-        if self._watcher is not None:
+        if self._watcher is not None or self._commit_log is None:
             return
-        self._watcher = threading.Thread(target=self._watch, name="kip848-durable", daemon=True)
+        self._watcher = threading.Thread(target=self._watch, name="kip848-commits", daemon=True)
         self._watcher.start()
 
     def _watch(self) -> None:
-        seen: str | None = None
+        """Commit each batch to Kafka as soon as Spark wrote its commit-log entry."""
         while not self._stop_watch.wait(_WATCH_INTERVAL_S):
-            member = self._member
-            if member is None:
-                continue
-            text = progress.read(member.member_id)
-            if text is None or text == seen:
-                continue
-            seen = text
             try:
-                self.durable(text)
+                with self._lock:
+                    if self._closed or self._member is None:
+                        continue
+                    if self._sync_commit_log():
+                        self._commit_durable(self._member, serve=False)
             except Exception as exc:  # the next batch commits it anyway
-                log.info("kip848: committing a batch reported durable failed: %s", exc)
+                log.info("kip848: committing a batch from the commit log failed: %s", exc)
 
-    def _last_batch_durable(self) -> bool:
+    def _sync_commit_log(self) -> bool:
+        """Mark the latest committed batch durable if this reader built it; True if new."""
+        if self._commit_log is None:
+            return False
+        batch = self._commit_log.latest_committed()
+        if batch is None or batch == self._commit_log_batch:
+            return False
+        self._commit_log_batch = batch
+        found = False
+        for data in self._commit_log.source_offsets(batch):
+            offset = SourceOffset.from_json(data)
+            if offset.key() in self._emitted and offset.key() not in self._durable_keys:
+                self._mark_durable(offset)
+                found = True
+        return found
+
+    def _warn_unknown_end(self) -> None:
+        """Say once, with the reason, when the last batch's offsets cannot be committed."""
         last = self._last_end
-        return last is None or last.key() in self._durable_keys
-
-    def _await_last_batch(self) -> None:
-        """On stop: give the progress listener a moment to report the last batch durable.
-
-        Trigger.Once runs one batch and stops: no later Spark call says it completed. When a
-        progress listener is registered (``spark_integration.register``), it reports the
-        batch, and its offsets are committed before the member leaves.
-        """
-        wait_s = self.options.close_commit_wait_ms / 1000
-        member = self._member
-        if member is None or self._closed or self._last_batch_durable() or wait_s <= 0:
+        if last is None or last.key() in self._durable_keys or self._warned_unknown_end:
             return
-        if not progress.listener_active():
+        behind = {
+            p: pos - self._durable.get(p, pos)
+            for p, pos in last.positions.items()
+            if p in self._owned and pos > self._durable.get(p, pos)
+        }
+        if not behind:
             return
-        deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline and not self._last_batch_durable():
-            text = progress.read(member.member_id)
-            if text is not None:
-                with contextlib.suppress(Exception):
-                    self.durable(text)
-            if not self._last_batch_durable():
-                time.sleep(0.05)
+        self._warned_unknown_end = True
+        log.warning(
+            "kip848: group %s: stopping before Spark reported the last batch durable (it "
+            "calls a Python source only when it plans the next batch); its offsets are not "
+            "committed to Kafka, so the next owner of %s re-reads up to %d records%s",
+            self.options.group_id,
+            _names(behind),
+            sum(behind.values()),
+            ""
+            if self._commit_log is not None
+            else ". Set the source option checkpointLocation to the query's checkpoint to "
+            "commit exactly on stop",
+        )
 
     # -- bookkeeping --------------------------------------------------------------------------
 
@@ -669,6 +636,7 @@ class GroupReader:
         if offset.key() in self._emitted:
             return
         for p, pos in offset.positions.items():
+            pos = min(pos, self._skipped.get(p, pos))
             if pos > self._hints.get(p, -1):
                 self._hints[p] = pos
             if p in self._pending and pos > self._pending[p]:
@@ -681,6 +649,7 @@ class GroupReader:
         if len(self._durable_keys) > _EMITTED_MEMORY:
             self._durable_keys = {k for k in self._durable_keys if k in self._emitted}
         for p, pos in offset.positions.items():
+            pos = min(pos, self._skipped.get(p, pos))
             if pos > self._hints.get(p, -1):
                 self._hints[p] = pos
             if p in self._owned and pos > self._durable.get(p, -1):
@@ -688,7 +657,9 @@ class GroupReader:
             if p in self._pending and pos > self._pending[p]:
                 self._pending[p] = pos  # (re)assigned while this batch was in flight
 
-    def _commit_durable(self, member: Any) -> None:
+    def _commit_durable(self, member: SourceMember, serve: bool) -> None:
+        """Commit the owned partitions' durable offsets. ``serve`` (only in latestOffset,
+        where no batch is in flight) lets a retry serve the member after a stale epoch."""
         todo = {
             p: o
             for p, o in self._durable.items()
@@ -718,13 +689,17 @@ class GroupReader:
                         todo,
                         exc.args[0].str(),
                     )
-                else:
+                elif serve:
                     self._poll(member, 0.1)
                     todo = {p: o for p, o in todo.items() if p in self._owned}
+                else:
+                    time.sleep(0.1)  # the next heartbeat brings the new epoch
                     if not todo:
                         return
 
-    def _commit(self, member: Any, offsets: Mapping[Partition, int]) -> dict[Partition, int]:
+    def _commit(
+        self, member: SourceMember, offsets: Mapping[Partition, int]
+    ) -> dict[Partition, int]:
         """Commit synchronously; partitions of a deleted topic are left out (what was
         committed is returned): their loss is reported by the next ``latest_offset``."""
         try:
@@ -964,75 +939,3 @@ class GroupReader:
                     f.write(json.dumps(event) + "\n")
             except OSError as exc:
                 log.debug("kip848: cannot write the event log: %s", exc)
-
-
-# -- one reader per query run, and a clean exit ------------------------------------------------
-
-_registry: dict[str, GroupReader] = {}
-_registry_lock = threading.RLock()
-_handlers_installed = False
-
-
-def reader_for(reader_id: str, options: SourceOptions) -> GroupReader:
-    """The process's ``GroupReader`` for a stream reader id (created on first use)."""
-    with _registry_lock:
-        reader = _registry.get(reader_id)
-        if reader is None:
-            reader = GroupReader(options)
-            _registry[reader_id] = reader
-            _install_exit_handlers()
-        return reader
-
-
-def close_reader(reader_id: str) -> None:
-    with _registry_lock:
-        reader = _registry.pop(reader_id, None)
-    if reader is not None:
-        reader.close()
-
-
-def close_all_readers() -> None:
-    """Close every reader of this process: each member leaves its group."""
-    with _registry_lock:
-        readers = list(_registry.values())
-        _registry.clear()
-    for reader in readers:
-        with contextlib.suppress(Exception):
-            reader.close()
-
-
-def _on_sigterm(signum: int, frame: FrameType | None) -> None:
-    # Spark stops the stream-reader process with SIGTERM and rarely calls stop(). Unwind
-    # instead of closing here (the signal may arrive inside the member's own poll): the
-    # runner's ``finally: reader.stop()`` and atexit then leave the group. Repeated signals
-    # are ignored, and a watchdog ends the process if the clean exit hangs.
-    global _terminating
-    if _terminating:
-        return
-    _terminating = True
-    log.info("kip848: SIGTERM: leaving the group")
-    watchdog = threading.Timer(_EXIT_WATCHDOG_S, os._exit, args=(128 + signum,))
-    watchdog.daemon = True
-    watchdog.start()
-    if callable(_previous_sigterm):
-        _previous_sigterm(signum, frame)
-    raise SystemExit(128 + signum)
-
-
-_previous_sigterm: Any = None
-_terminating = False
-
-
-def _install_exit_handlers() -> None:
-    global _handlers_installed, _previous_sigterm
-    if _handlers_installed:
-        return
-    _handlers_installed = True
-    atexit.register(close_all_readers)
-    if threading.current_thread() is threading.main_thread():
-        try:
-            previous = signal.getsignal(signal.SIGTERM)
-            _previous_sigterm = previous if callable(previous) else None
-            signal.signal(signal.SIGTERM, _on_sigterm)
-        except (ValueError, OSError) as exc:
-            log.debug("kip848: no SIGTERM handler: %s", exc)

@@ -244,22 +244,21 @@ def split_ranges(ranges: Iterable[OffsetRange], min_partitions: int | None) -> l
 
 
 def pack_tasks(ranges: Iterable[OffsetRange], rows_per_task: int) -> list[list[OffsetRange]]:
-    """Group ranges into ``ceil(total / rows_per_task)`` Spark tasks of balanced size.
+    """Group ranges into up to ``ceil(total / rows_per_task)`` Spark tasks of balanced size.
 
     Spark charges a Python source per input partition (task launch, worker round trip,
     Arrow stream), so a small batch over many Kafka partitions is read by one task, not one
-    per partition; a large batch gets as many tasks as its size asks for, splitting ranges
-    when there are fewer ranges than tasks. Ranges go largest first to the least loaded
-    task (LPT), so tasks end up within one range of each other.
+    per partition; a large batch gets as many tasks as its size asks for, but never more
+    than there are ranges: a range is never split here (a split range seeks its pooled
+    consumer back and discards prefetched records; ``minPartitions`` and
+    ``maxRecordsPerPartition`` split before this). Ranges go largest first to the least
+    loaded task (LPT), so tasks end up within one range of each other.
     """
     ranges = [r for r in ranges if r.size > 0]
     total = sum(r.size for r in ranges)
     if not ranges:
         return []
-    count = max(math.ceil(total / rows_per_task), 1)
-    if count > len(ranges):
-        ranges = split_by_size(ranges, math.ceil(total / count))
-    count = min(count, len(ranges))
+    count = min(max(math.ceil(total / rows_per_task), 1), len(ranges))
     tasks: list[list[OffsetRange]] = [[] for _ in range(count)]
     loads = [0] * count
     for r in sorted(ranges, key=lambda r: (-r.size, r)):

@@ -113,18 +113,19 @@ KIP848_OPTIONS: tuple[OptionInfo, ...] = (
     OptionInfo(
         "rowsPerTask",
         "supported",
-        "records per Spark task: a batch is read by ceil(records / rowsPerTask) "
-        "balanced tasks, so small batches over many partitions take one task "
+        "records per Spark task: a batch is read by up to ceil(records / rowsPerTask) "
+        "balanced tasks of whole partition ranges, so small batches over many partitions "
+        "take one task; ranges are split only by minPartitions / maxRecordsPerPartition "
         "(default 20000)",
     ),
     OptionInfo("arrowBatchSize", "supported", "rows per Arrow batch from a task (10000)"),
     OptionInfo("eventLog", "supported", "JSON-lines file of the member's events"),
     OptionInfo(
-        "closeCommitWaitMs",
+        "checkpointLocation",
         "supported",
-        "on stop: how long to wait for the last batch to be reported durable so its "
-        "offsets can be committed (Trigger.Once; default 500: Spark may kill the "
-        "process soon after stopping it, and leaving the group matters more)",
+        "the query's checkpoint (the same path as the sink's): the stream reader reads "
+        "its commit log to commit each batch to Kafka as soon as it is durable, and "
+        "exactly on stop (Trigger.Once, the last batch before a stop)",
     ),
 )
 
@@ -239,7 +240,7 @@ class SourceOptions:
     fetch_retries: int = 3
     fetch_retry_interval_ms: int = 10
     join_timeout_ms: int = 60_000
-    close_commit_wait_ms: int = 500
+    checkpoint: str | None = None
     arrow_batch_size: int = 10_000
     event_log: str | None = None
     client_group_prefix: str = "spark-kip848"
@@ -365,7 +366,7 @@ class SourceOptions:
             fetch_retries=_int(options, "fetchoffset.numretries", 3, 0) or 0,
             fetch_retry_interval_ms=_int(options, "fetchoffset.retryintervalms", 10, 0) or 0,
             join_timeout_ms=_int(options, "jointimeoutms", 60_000, 0) or 0,
-            close_commit_wait_ms=_int(options, "closecommitwaitms", 500, 0) or 0,
+            checkpoint=options.get("checkpointlocation") or None,
             arrow_batch_size=_int(options, "arrowbatchsize", 10_000, 1) or 10_000,
             event_log=options.get("eventlog"),
             client_group_prefix=_client_prefix(group_id, prefix),

@@ -2,14 +2,13 @@
 
 Spark creates two reader instances: one in the long-lived stream-reader process, which
 calls the offset methods (it owns the ``GroupMember`` through
-`spark_integration.driver.reader_for`), and one that is pickled to executors for
+`spark_integration.lifecycle.reader_for`), and one that is pickled to executors for
 `Kip848StreamReader.read`. Neither creates anything in ``__init__``; the executor
 copy carries only the parsed options and an id.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import uuid
 from collections.abc import Iterator, Sequence
@@ -29,10 +28,8 @@ from pyspark.sql.streaming.datasource import (
     ReadMinRows,
     SupportsTriggerAvailableNow,
 )
-from pyspark.sql.streaming.listener import StreamingQueryListener
 from pyspark.sql.types import StructType
 
-from spark_integration import progress
 from spark_integration.executor import HEADERS_DDL, KAFKA_SCHEMA_DDL, ReadTask, read_range
 from spark_integration.offsets import OffsetRange, pack_tasks
 from spark_integration.options import SourceOptions
@@ -41,12 +38,10 @@ if TYPE_CHECKING:
     from spark_integration.driver import GroupReader
 
 __all__ = [
-    "DurableBatchListener",
     "Kip848BatchReader",
     "Kip848DataSource",
     "Kip848Partition",
     "Kip848StreamReader",
-    "install_listener",
 ]
 
 log = logging.getLogger("spark_integration")
@@ -116,7 +111,7 @@ class Kip848StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  
         self.reader_id = uuid.uuid4().hex
 
     def _driver(self) -> GroupReader:
-        from spark_integration.driver import reader_for  # not on executors: no consumer_sdk
+        from spark_integration.lifecycle import reader_for  # not on executors: no consumer_sdk
 
         return reader_for(self.reader_id, self.options)
 
@@ -163,7 +158,7 @@ class Kip848StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  
         self._driver().commit(end)
 
     def stop(self) -> None:
-        from spark_integration.driver import close_reader
+        from spark_integration.lifecycle import close_reader
 
         close_reader(self.reader_id)
 
@@ -198,41 +193,3 @@ class Kip848BatchReader(DataSourceReader):  # type: ignore[misc,unused-ignore]
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         task: ReadTask = partition.value
         return read_range(task)
-
-
-class DurableBatchListener(StreamingQueryListener):  # type: ignore[misc,unused-ignore]
-    """Reports each kip848 batch's end offset, once Spark made it durable, to the process
-    holding the query's group member, which commits it to Kafka
-    (`spark_integration.progress`)."""
-
-    def onQueryStarted(self, event: Any) -> None:
-        pass
-
-    def onQueryProgress(self, event: Any) -> None:
-        for source in event.progress.sources:
-            end = source.endOffset
-            if not end or "@meta" not in end:
-                continue
-            try:
-                progress.publish(json.loads(end))
-            except (ValueError, OSError) as exc:
-                log.info("kip848: cannot report a durable batch: %s", exc)
-
-    def onQueryIdle(self, event: Any) -> None:
-        pass
-
-    def onQueryTerminated(self, event: Any) -> None:
-        pass
-
-
-_listening: set[int] = set()
-
-
-def install_listener(spark: Any) -> None:
-    """Add the `DurableBatchListener` to a session (once per session)."""
-    key = id(spark.streams)
-    if key in _listening:
-        return
-    spark.streams.addListener(DurableBatchListener())
-    progress.register_listener_pid()
-    _listening.add(key)

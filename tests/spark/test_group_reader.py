@@ -30,7 +30,6 @@ def options(kafka: EmbeddedKafka, group: str, topic: str, **extra: str) -> Sourc
             "subscribe": topic,
             "startingOffsets": "earliest",
             "joinTimeoutMs": "20000",
-            "closeCommitWaitMs": "0",
             **extra,
         }
     )
@@ -190,9 +189,12 @@ def test_revocation_between_batches_hands_off_exactly(embedded_kafka: EmbeddedKa
         reader.close()
 
 
-def test_revocation_during_an_inflight_batch(embedded_kafka: EmbeddedKafka) -> None:
-    """Revoked while batch N+1 runs: N+1 still reads it, the commit is batch N's end, and
-    the next owner re-reads N+1's part (at-least-once across owners), never the sink twice."""
+def test_a_revocation_waits_for_the_inflight_batch(embedded_kafka: EmbeddedKafka) -> None:
+    """Revoked while batch N+1 runs: Spark's commit(end of N), which comes after N+1 was
+    planned, does not serve it; the next latestOffset (N+1 durable) does and commits N+1's
+    end, so the next owner starts exactly there: no record in both owners' sinks."""
+    from consumer_sdk import MemberState
+
     topic, group = "gr-inflight", "gr-inflight-g"
     embedded_kafka.create_topic(topic, partitions=PARTS)
     produce(embedded_kafka, topic, PARTS, 20, "a")
@@ -202,31 +204,35 @@ def test_revocation_during_an_inflight_batch(embedded_kafka: EmbeddedKafka) -> N
         query = FakeQuery(reader)
         query.drain()
         produce(embedded_kafka, topic, PARTS, 20, "b")
-        durable = query.positions()
         end = reader.latest_offset(query.start)  # batch N+1 planned (offset log written)
         other = PlainMember(embedded_kafka, group, topic)
+        member = reader.member
+        assert member is not None
 
-        # Spark's commit(end of N) serves the member while N+1 is in flight.
-        def served() -> bool:
-            reader.commit(query.start)
-            return other is not None and bool(other.owned)
+        def revocation_known() -> bool:
+            reader.commit(query.start)  # Spark's commit of batch N while N+1 runs
+            return member.state is not MemberState.STABLE
 
-        wait_for(served, 30, "a revocation during the batch")
-        revoked = set(range(PARTS)) - {p for _, p in reader.owned}
+        wait_for(revocation_known, 30, "the member learning of a revocation")
+        reader.commit(query.start)
+        assert len(reader.owned) == PARTS and not other.owned, "served while N+1 in flight"
+        query.run_batch(end)  # N+1 completes, including every partition
+        wait_for(lambda: (query.trigger() or True) and bool(other.owned), 30, "the hand-over")
+        revoked = {p for p in range(PARTS)} - {p for _, p in reader.owned}
         assert revoked
+        ends = {p: o for (_, p), o in SourceOffset.from_json(end).positions.items()}
         assert (
             committed(embedded_kafka, group, topic, PARTS).items()
-            >= {p: durable[p] for p in revoked}.items()
+            >= {p: ends[p] for p in revoked}.items()
         )
-        query.run_batch(end)  # N+1 completes, including the revoked partitions
-        nxt = reader.latest_offset(query.start)
-        assert {p for (_, p) in SourceOffset.from_json(nxt).positions} == {
-            p for _, p in reader.owned
-        }
-        wait_for(lambda: len(other.records) >= 20 * len(revoked), 20, "the other member reading")
-        overlap = set(query.sink) & set(other.records)
-        inflight = {(topic, p, o) for p in revoked for o in range(durable[p], durable[p] + 20)}
-        assert overlap == inflight
+        produce(embedded_kafka, topic, PARTS, 20, "c")
+        total = all_records(embedded_kafka, topic, PARTS)
+        wait_for(
+            lambda: (query.trigger() or True) and set(query.sink) | set(other.records) == total,
+            30,
+            "every record read",
+        )
+        assert not set(query.sink) & set(other.records), "a record in both sinks"
         assert len(query.sink) == len(set(query.sink))
     finally:
         if other is not None:
@@ -265,7 +271,8 @@ def test_restart_resumes_from_the_checkpoint_not_the_lagging_commit(
 
 def test_replay_of_an_unfinished_batch_after_restart(embedded_kafka: EmbeddedKafka) -> None:
     """A batch in the offset log but not the commit log is re-planned from the two logged
-    offsets alone (ranges equal), skipping only what another owner committed since."""
+    offsets alone (ranges equal) where this run owns the partitions, and skipped where
+    another member owns them (it reads them from the group's committed offset)."""
     topic, group = "gr-replay", "gr-replay-g"
     embedded_kafka.create_topic(topic, partitions=PARTS)
     produce(embedded_kafka, topic, PARTS, 20, "a")
@@ -279,13 +286,20 @@ def test_replay_of_an_unfinished_batch_after_restart(embedded_kafka: EmbeddedKaf
     second = GroupReader(options(embedded_kafka, group, topic))
     try:
         assert planned and second.plan(query.start, end) == planned
-        # Another member owned the partitions meanwhile and committed past the batch.
-        other = PlainMember(embedded_kafka, group, topic)
-        wait_for(lambda: len(other.records) == 80 - 40, 20, "the other member reading")
-        other.close()
-        assert second.plan(query.start, end) == []
     finally:
         second.close()
+    other = PlainMember(embedded_kafka, group, topic)
+    third: GroupReader | None = None
+    try:
+        wait_for(lambda: len(other.records) == 80 - 40, 20, "the other member reading")
+        third = GroupReader(options(embedded_kafka, group, topic))
+        # Partitions the other member owns are skipped; any handed to this run start at
+        # what the other member committed on revoke, past the batch.
+        assert third.plan(query.start, end) == []
+    finally:
+        other.close()
+        if third is not None:
+            third.close()
 
 
 def test_starting_offsets_apply_where_the_group_has_no_commit(
@@ -564,26 +578,39 @@ def test_assign_reads_fixed_partitions_and_commits_without_membership(
         reader.close()
 
 
-def test_a_batch_reported_durable_is_committed_at_once(embedded_kafka: EmbeddedKafka) -> None:
-    """The progress listener's report (Trigger.Once has no later Spark call) commits."""
-    from spark_integration import progress
-
+def test_the_commit_log_commits_a_batch_without_a_later_spark_call(
+    embedded_kafka: EmbeddedKafka, tmp_path: Any
+) -> None:
+    """With checkpointLocation, a batch is committed to Kafka once its commit-log entry
+    exists (Trigger.Once has no later Spark call), by the watcher and exactly on close."""
     topic, group = "gr-durable", "gr-durable-g"
     embedded_kafka.create_topic(topic, partitions=2)
     produce(embedded_kafka, topic, 2, 10, "a")
-    reader = GroupReader(options(embedded_kafka, group, topic))
+    ck = tmp_path / "ck"
+    (ck / "offsets").mkdir(parents=True)
+    (ck / "commits").mkdir()
+
+    def log_batch(batch: int, offset: dict[str, Any], done: bool) -> None:
+        meta = json.dumps({"batchWatermarkMs": 0, "batchTimestampMs": 0, "conf": {}})
+        (ck / "offsets" / str(batch)).write_text(f"v1\n{meta}\n{json.dumps(offset)}")
+        if done:
+            (ck / "commits" / str(batch)).write_text('v1\n{"nextBatchWatermarkMs":0}')
+
+    reader = GroupReader(options(embedded_kafka, group, topic, checkpointLocation=str(ck)))
     try:
         start = reader.initial_offset()
         end = reader.latest_offset(start)
-        member_id = reader.member.member_id
+        log_batch(0, end, done=False)
         assert committed(embedded_kafka, group, topic, 2) == {0: 0, 1: 0}
-        assert not reader.durable({"other": {"0": 1}, "@meta": {"member": "x"}})
-        assert progress.publish(json.dumps(end)) == reader.member.member_id
+        log_batch(0, end, done=True)
         wait_for(
             lambda: committed(embedded_kafka, group, topic, 2) == {0: 10, 1: 10},
             10,
-            "the watcher committing the reported batch",
+            "the watcher committing the batch in the commit log",
         )
+        produce(embedded_kafka, topic, 2, 5, "b")
+        end2 = reader.latest_offset(end)
+        log_batch(1, end2, done=True)
     finally:
-        reader.close()
-    assert progress.read(member_id) is None  # the report is removed when the member leaves
+        reader.close()  # reads the commit log before leaving, whatever the watcher did
+    assert committed(embedded_kafka, group, topic, 2) == {0: 15, 1: 15}
