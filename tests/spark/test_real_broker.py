@@ -187,7 +187,6 @@ def test_timestamps_on_a_real_broker(spark: Any, real_kafka: Any) -> None:
                     "kafka.bootstrap.servers": real_kafka.bootstrap_servers,
                     "group.id": group,
                     "subscribe": topic,
-                    "closeCommitWaitMs": "0",
                     **extra,
                 }
             )

@@ -363,7 +363,7 @@ def test_the_pickled_reader_carries_no_member(embedded_kafka: EmbeddedKafka) -> 
     """Spark pickles a second reader to executors: it must hold options and an id only."""
     import pickle
 
-    from spark_integration import driver
+    from spark_integration import lifecycle
     from spark_integration.source import Kip848DataSource
 
     topic = "src-pickle"
@@ -376,14 +376,14 @@ def test_the_pickled_reader_carries_no_member(embedded_kafka: EmbeddedKafka) -> 
         }
     )
     reader = source.streamReader(source.schema())
-    assert reader.reader_id not in driver._registry  # nothing happens in __init__
+    assert reader.reader_id not in lifecycle._registry  # nothing happens in __init__
     initial = reader.initialOffset()  # creates and joins the member, in this process
     assert set(initial) == {topic, "@meta"}
     try:
         clone = pickle.loads(pickle.dumps(reader))
         assert vars(clone) == {"options": reader.options, "reader_id": reader.reader_id}
-        member = driver._registry[reader.reader_id].member
+        member = lifecycle._registry[reader.reader_id].member
         assert member is not None and member.member_epoch > 0
     finally:
         reader.stop()
-    assert reader.reader_id not in driver._registry
+    assert reader.reader_id not in lifecycle._registry
