@@ -125,6 +125,7 @@ class GroupReader:
         self._durable_keys: set[str] = set()
         self._available_now: dict[Partition, int] | None = None
         self._latest: dict[Partition, int] = {}
+        self._behind: dict[Partition, int] = {}  # the last planned end, behind latest
         self._scope: set[Partition] | None = None  # where startingOffsets applies
         self._restarted = False
         self._gone: set[Partition] = set()  # deleted, reported (failOnDataLoss=false)
@@ -141,7 +142,7 @@ class GroupReader:
         self._stop_watch = threading.Event()
         self._event_log = options.event_log
         self.events: list[dict[str, Any]] = []
-        self._event("start", [], pid=os.getpid())
+        self._event("start", [], pid=os.getpid(), description=options.description)
 
     # -- membership -------------------------------------------------------------------------
 
@@ -430,6 +431,7 @@ class GroupReader:
         latest = {p: max(o, froms[p]) for p, o in latest.items()}
         self._latest = latest
         ends = rate_limit(max_rows, froms, latest) if max_rows else latest
+        self._behind = {p: max(high.get(p, o) - o, 0) for p, o in ends.items()}
         starts = {p: o for p, o in froms.items() if begin.positions.get(p) != o}
         if not starts and ends == begin.positions:
             return dict(start or {})
@@ -454,10 +456,26 @@ class GroupReader:
         return offset.to_json()
 
     def report_latest_offset(self) -> dict[str, Any] | None:
-        """Latest offsets seen by the last ``latest_offset`` (for progress reports)."""
+        """Latest offsets seen by the last ``latest_offset``, plus ``@source``: the
+        description and the offsets behind latest (progress's ``sources[].latestOffset``:
+        pyspark gives Python sources no ``metrics``)."""
         if not self._latest:
             return None
-        return SourceOffset(positions=dict(self._latest)).to_json()
+        report = SourceOffset(positions=dict(self._latest)).to_json()
+        report["@source"] = {"description": self.options.description, **self.lag_metrics()}
+        return report
+
+    def lag_metrics(self) -> dict[str, str]:
+        """Spark's Kafka source metrics for the last planned batch: how far its end is
+        behind the partitions' latest offsets (min, max, avg over owned partitions)."""
+        behind = list(self._behind.values())
+        if not behind:
+            return {}
+        return {
+            "minOffsetsBehindLatest": str(min(behind)),
+            "maxOffsetsBehindLatest": str(max(behind)),
+            "avgOffsetsBehindLatest": f"{sum(behind) / len(behind):.1f}",
+        }
 
     def prepare_for_trigger_available_now(self) -> None:
         """Bound this run to the data available now (high watermarks of owned partitions)."""

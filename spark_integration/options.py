@@ -379,6 +379,17 @@ class SourceOptions:
         return not self.batch and not self.assign
 
     @property
+    def description(self) -> str:
+        """Like Spark's ``KafkaV2[Subscribe[orders]]``, with the group."""
+        if self.assign:
+            what = "Assign[" + ", ".join(f"{t}-{p}" for t, p in self.assign) + "]"
+        elif self.pattern:
+            what = f"SubscribePattern[{self.pattern}]"
+        else:
+            what = "Subscribe[" + ", ".join(self.topics) + "]"
+        return f"kip848[{what}, group={self.group_id}]" if self.group_id else f"kip848[{what}]"
+
+    @property
     def subscription(self) -> list[str]:
         """What ``GroupMember.subscribe`` takes: topic names, or one ``^regex``."""
         return [self.pattern] if self.pattern is not None else list(self.topics)

@@ -614,3 +614,29 @@ def test_the_commit_log_commits_a_batch_without_a_later_spark_call(
     finally:
         reader.close()  # reads the commit log before leaving, whatever the watcher did
     assert committed(embedded_kafka, group, topic, 2) == {0: 15, 1: 15}
+
+
+def test_offsets_behind_latest_and_description_in_the_reported_latest_offset(
+    embedded_kafka: EmbeddedKafka,
+) -> None:
+    """pyspark gives Python sources no metrics: the lag of the planned batch (as Spark's
+    Kafka source names it) and the description travel in reportLatestOffset."""
+    topic, group = "gr-lag", "gr-lag-g"
+    embedded_kafka.create_topic(topic, partitions=2)
+    embedded_kafka.produce(topic, [b"x"] * 30, partition=0)
+    embedded_kafka.produce(topic, [b"x"] * 10, partition=1)
+    reader = GroupReader(options(embedded_kafka, group, topic))
+    try:
+        start = reader.initial_offset()
+        reader.latest_offset(start, max_rows=20)  # 15 of 30 and 5 of 10 (backlog shares)
+        report = reader.report_latest_offset()
+        assert report is not None
+        assert report[topic] == {"0": 30, "1": 10}
+        assert report["@source"] == {
+            "description": f"kip848[Subscribe[{topic}], group={group}]",
+            "minOffsetsBehindLatest": "5",
+            "maxOffsetsBehindLatest": "15",
+            "avgOffsetsBehindLatest": "10.0",
+        }
+    finally:
+        reader.close()
