@@ -41,7 +41,6 @@ from typing import Any
 from confluent_kafka import Consumer as KafkaConsumer
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-from consumer_sdk import GroupMember, MemberState
 from spark_integration.checkpoint import CommitLog
 from spark_integration.member import (
     AssignedPartitions,
@@ -74,7 +73,7 @@ _CLOSE_TIMEOUT_S = 10.0
 _WATCH_INTERVAL_S = 0.2
 #: Poll slice while the member finishes reconciling its first assignment.
 _JOIN_SLICE_S = 0.005
-_RECONCILED_SOON = frozenset({MemberState.RECONCILING, MemberState.ACKNOWLEDGING})
+_RECONCILED_SOON = frozenset({"RECONCILING", "ACKNOWLEDGING"})
 #: Bound on a synchronous commit's retries (a deleted topic's partitions fail retriably).
 _COMMIT_TIMEOUT_S = 5.0
 #: Errors meaning "this topic or partition does not exist (any more)".
@@ -86,6 +85,17 @@ _UNKNOWN = frozenset(
         KafkaError.UNKNOWN_TOPIC_ID,
     }
 )
+
+
+def _import_sdk() -> None:
+    with contextlib.suppress(Exception):  # the member's creation reports any failure
+        import consumer_sdk  # noqa: F401
+
+
+def _group_member(config: dict[str, Any]) -> SourceMember:
+    from consumer_sdk import GroupMember
+
+    return GroupMember(config)
 
 
 def _names(parts: Iterable[Partition]) -> str:
@@ -107,10 +117,14 @@ class GroupReader:
     def __init__(
         self,
         options: SourceOptions,
-        member_factory: Callable[[dict[str, Any]], SourceMember] = GroupMember,
+        member_factory: Callable[[dict[str, Any]], SourceMember] | None = None,
     ) -> None:
         self.options = options
         self._member_factory = member_factory
+        if member_factory is None and options.membership:
+            # Import consumer_sdk (a few hundred ms) while the first call waits on the
+            # broker (startup check, metadata): librdkafka's waits release the GIL.
+            threading.Thread(target=_import_sdk, name="kip848-import", daemon=True).start()
         self._member: SourceMember | None = None
         self._watermark_client: KafkaConsumer | None = None
         self._lock = threading.RLock()
@@ -162,7 +176,8 @@ class GroupReader:
             self._scope = set() if self._restarted else existing
             member: SourceMember
             if self.options.membership:
-                member = self._member_factory(self.options.member_config())
+                factory = self._member_factory or _group_member
+                member = factory(self.options.member_config())
             else:
                 member = AssignedPartitions(self.options)
             member.subscribe(
@@ -245,8 +260,8 @@ class GroupReader:
         """
         deadline = time.monotonic() + self.options.join_timeout_ms / 1000
         while True:
-            self._poll(member, _JOIN_SLICE_S if member.state in _RECONCILED_SOON else 0.1)
-            if member.state is MemberState.STABLE and (
+            self._poll(member, _JOIN_SLICE_S if member.state.name in _RECONCILED_SOON else 0.1)
+            if member.state.name == "STABLE" and (
                 member.member_epoch > 0 or not self.options.membership
             ):
                 return

@@ -11,14 +11,16 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from confluent_kafka import Consumer as KafkaConsumer
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-from consumer_sdk import MemberState
 from spark_integration.offsets import Partition
 from spark_integration.options import SourceOptions
+
+if TYPE_CHECKING:  # consumer_sdk is imported lazily (see spark_integration.driver)
+    from consumer_sdk import MemberState
 
 __all__ = [
     "AssignedPartitions",
@@ -106,7 +108,6 @@ class AssignedPartitions:
     tooling sees them; a broker accepts such commits while no member is in that group.
     """
 
-    state = MemberState.STABLE
     member_epoch = 0
 
     def __init__(self, options: SourceOptions) -> None:
@@ -117,6 +118,12 @@ class AssignedPartitions:
         self._client: KafkaConsumer | None = None
         if options.group_id:
             self._client = KafkaConsumer({**options.commit_config(), "logger": _KAFKA_LOG})
+
+    @property
+    def state(self) -> MemberState:
+        from consumer_sdk import MemberState
+
+        return MemberState.STABLE
 
     def subscribe(
         self,
