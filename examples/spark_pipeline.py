@@ -42,6 +42,9 @@ def run(spark: Any, bootstrap: str, workdir: Path, max_per_trigger: int = 500) -
         .option("subscribe", TOPIC)
         .option("startingOffsets", "earliest")  # only where the group has no committed offset
         .option("maxOffsetsPerTrigger", max_per_trigger)
+        # The query's checkpoint: the source reads its commit log to commit each batch to
+        # Kafka as soon as it is durable, and exactly when the query stops.
+        .option("checkpointLocation", str(workdir / "checkpoint"))
         .load()
     )
     fields = F.split(F.col("value").cast("string"), ",")
