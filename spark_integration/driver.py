@@ -38,10 +38,10 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from confluent_kafka import Consumer as KafkaConsumer
-from confluent_kafka import KafkaError, KafkaException, TopicPartition
+from confluent_kafka import KafkaException, TopicPartition
 
 from spark_integration.checkpoint import CommitLog
+from spark_integration.lookups import UNKNOWN, ClusterOffsets
 from spark_integration.member import (
     AssignedPartitions,
     SourceMember,
@@ -49,8 +49,6 @@ from spark_integration.member import (
     partitions_of,
 )
 from spark_integration.offsets import (
-    EARLIEST,
-    LATEST,
     DataLossError,
     OffsetRange,
     Partition,
@@ -76,15 +74,6 @@ _JOIN_SLICE_S = 0.005
 _RECONCILED_SOON = frozenset({"RECONCILING", "ACKNOWLEDGING"})
 #: Bound on a synchronous commit's retries (a deleted topic's partitions fail retriably).
 _COMMIT_TIMEOUT_S = 5.0
-#: Errors meaning "this topic or partition does not exist (any more)".
-_UNKNOWN = frozenset(
-    {
-        KafkaError.UNKNOWN_TOPIC_OR_PART,
-        KafkaError._UNKNOWN_TOPIC,
-        KafkaError._UNKNOWN_PARTITION,
-        KafkaError.UNKNOWN_TOPIC_ID,
-    }
-)
 
 
 def _import_sdk() -> None:
@@ -126,7 +115,7 @@ class GroupReader:
             # broker (startup check, metadata): librdkafka's waits release the GIL.
             threading.Thread(target=_import_sdk, name="kip848-import", daemon=True).start()
         self._member: SourceMember | None = None
-        self._watermark_client: KafkaConsumer | None = None
+        self._lookups = ClusterOffsets(options)
         self._lock = threading.RLock()
         self._owned: set[Partition] = set()
         self._durable: dict[Partition, int] = {}  # owned: what the sink durably holds
@@ -220,7 +209,7 @@ class GroupReader:
         while True:
             remaining = max(deadline - time.monotonic(), 0.0)
             try:
-                md = self._client().list_topics(timeout=max(min(remaining, 5.0), 0.5))
+                md = self._lookups.client().list_topics(timeout=max(min(remaining, 5.0), 0.5))
             except KafkaException as exc:
                 if time.monotonic() >= deadline:
                     raise SourceStartupError(
@@ -233,7 +222,7 @@ class GroupReader:
             topics = {
                 name: sorted(t.partitions)
                 for name, t in md.topics.items()
-                if t.error is None or t.error.code() not in _UNKNOWN
+                if t.error is None or t.error.code() not in UNKNOWN
             }
             if o.assign:
                 missing = [f"{t}[{p}]" for t, p in o.assign if p not in topics.get(t, ())]
@@ -318,7 +307,7 @@ class GroupReader:
             self._owned.add(p)
             self._gone.discard(p)
         if self._available_now is not None:
-            self._available_now.update(self._watermarks(parts)[1])
+            self._available_now.update(self._lookups.watermarks(parts)[1])
         self._event(
             "assign",
             parts,
@@ -424,7 +413,7 @@ class GroupReader:
                 froms[p] = begin.positions[p]
             else:  # owned but never started (should not happen): start it now
                 froms[p] = self._fresh_starts([p])[p]
-        low, high, unknown = self._watermarks(froms)
+        low, high, unknown = self._lookups.watermarks(froms)
         gone = self._deleted(set(unknown) | (set(begin.positions) - self._owned))
         if gone:
             self._report_deleted(gone, begin)
@@ -496,7 +485,7 @@ class GroupReader:
         """Bound this run to the data available now (high watermarks of owned partitions)."""
         with self._lock:
             self._ensure_member(wait=True)
-            self._available_now = self._watermarks(self._owned - self._gone)[1]
+            self._available_now = self._lookups.watermarks(self._owned - self._gone)[1]
 
     def plan(self, start: Mapping[str, Any] | None, end: Mapping[str, Any]) -> list[OffsetRange]:
         """Offset ranges of the batch ``(start, end]`` (deterministic from the two offsets)."""
@@ -587,11 +576,7 @@ class GroupReader:
                 except Exception as exc:  # closing is best-effort; the session timeout cleans up
                     log.warning("kip848: closing the group member failed: %s", exc)
                 self._event("left", [], member_id=member.member_id)
-            client, self._watermark_client = self._watermark_client, None
-            if client is not None:
-                closer = threading.Thread(target=client.close, daemon=True)
-                closer.start()
-                closer.join(5.0)
+            self._lookups.close()
             self._event("close", sorted(self._owned))
             log.info("kip848: left group %s", self.options.group_id)
 
@@ -743,7 +728,7 @@ class GroupReader:
             )
             return dict(offsets)
         except KafkaException as exc:
-            if exc.args[0].code() not in _UNKNOWN:
+            if exc.args[0].code() not in UNKNOWN:
                 raise
             gone = self._deleted(set(offsets))
             if not gone:
@@ -781,13 +766,15 @@ class GroupReader:
         candidates -= self._gone
         if not candidates:
             return set()
-        md = self._retrying("describing topics", lambda: self._client().list_topics(timeout=10.0))
+        md = self._lookups.retrying(
+            "describing topics", lambda: self._lookups.client().list_topics(timeout=10.0)
+        )
         out = set()
         for t, p in candidates:
             meta = md.topics.get(t)
             if (
                 meta is None
-                or (meta.error is not None and meta.error.code() in _UNKNOWN)
+                or (meta.error is not None and meta.error.code() in UNKNOWN)
                 or p not in meta.partitions
             ):
                 out.add((t, p))
@@ -814,58 +801,6 @@ class GroupReader:
         self._gone |= gone
         self._event("deleted", sorted(gone))
 
-    # -- offsets from the cluster -------------------------------------------------------------
-
-    def _client(self) -> KafkaConsumer:
-        if self._watermark_client is None:
-            self._watermark_client = KafkaConsumer(
-                {**self.options.fetch_config("driver"), "logger": _KAFKA_LOG}
-            )
-        return self._watermark_client
-
-    def _retrying(self, what: str, call: Callable[[], Any]) -> Any:
-        """``call`` with fetchOffset.numRetries retries, fetchOffset.retryIntervalMs apart."""
-        o = self.options
-        for attempt in range(o.fetch_retries + 1):
-            try:
-                return call()
-            except KafkaException as exc:
-                error = exc.args[0]
-                if error.code() in _UNKNOWN or error.fatal() or attempt == o.fetch_retries:
-                    raise
-                log.info("kip848: %s failed (%s); retrying", what, error.str())
-                time.sleep(o.fetch_retry_interval_ms / 1000)
-        raise AssertionError("unreachable")
-
-    def _watermarks(
-        self, parts: Iterable[Partition]
-    ) -> tuple[dict[Partition, int], dict[Partition, int], list[Partition]]:
-        """Low and high watermarks, and the partitions the broker does not know."""
-        low: dict[Partition, int] = {}
-        high: dict[Partition, int] = {}
-        unknown: list[Partition] = []
-        client = self._client()
-        for t, p in sorted(parts):
-            try:
-                lo, hi = self._retrying(
-                    f"the watermarks of {t}[{p}]",
-                    lambda t=t, p=p: client.get_watermark_offsets(  # type: ignore[misc]
-                        TopicPartition(t, p), timeout=10.0, cached=False
-                    ),
-                )
-            except KafkaException as exc:
-                if exc.args[0].code() not in _UNKNOWN:
-                    raise KafkaException(
-                        KafkaError(
-                            exc.args[0].code(),
-                            f"kip848: the offsets of {t}[{p}]: {exc.args[0].str()}",
-                        )
-                    ) from None
-                unknown.append((t, p))
-                continue
-            low[(t, p)], high[(t, p)] = int(lo), int(hi)
-        return low, high, unknown
-
     def _fresh_starts(self, parts: list[Partition]) -> dict[Partition, int]:
         """Where partitions without a committed or checkpointed offset start.
 
@@ -879,9 +814,9 @@ class GroupReader:
         scope = self._scope or set()
         initial = [p for p in parts if p in scope]
         new = [p for p in parts if p not in scope]
-        out = self._starting_offsets(initial)
+        out = self._lookups.starting_offsets(initial)
         if new:
-            low = self._watermarks(new)[0]
+            low = self._lookups.watermarks(new)[0]
             for p in new:
                 out[p] = low.get(p, 0)
             starts = {f"{t}[{p}]": out[(t, p)] for t, p in new}
@@ -889,74 +824,6 @@ class GroupReader:
                 "kip848: %s: new since the query started; reading from the earliest offsets %s",
                 _names(new),
                 starts,
-            )
-        return out
-
-    def _starting_offsets(self, parts: list[Partition]) -> dict[Partition, int]:
-        """``startingTimestamp`` > ``startingOffsetsByTimestamp`` > ``startingOffsets``."""
-        if not parts:
-            return {}
-        low, high, _ = self._watermarks(parts)
-        o = self.options
-        stamps: dict[Partition, int] = {}
-        for p in parts:
-            if o.starting_timestamp is not None:
-                stamps[p] = o.starting_timestamp
-            elif o.starting_by_timestamp and p in o.starting_by_timestamp:
-                stamps[p] = o.starting_by_timestamp[p]
-        out: dict[Partition, int] = {}
-        if stamps:
-            out.update(self._offsets_for_times(stamps, high, "starting"))
-        for p in parts:
-            if p in out:
-                continue
-            spec = o.starting_offsets
-            wanted = (
-                spec.get(p, EARLIEST)
-                if isinstance(spec, dict)
-                else (EARLIEST if spec == "earliest" else LATEST)
-            )
-            out[p] = (
-                low.get(p, 0)
-                if wanted == EARLIEST
-                else high.get(p, 0)
-                if wanted == LATEST
-                else wanted
-            )
-        return out
-
-    def _offsets_for_times(
-        self, stamps: Mapping[Partition, int], high: Mapping[Partition, int], which: str
-    ) -> dict[Partition, int]:
-        """The first offset at or after each timestamp (Kafka's ListOffsets by time)."""
-        found = self._retrying(
-            "offsets for timestamps",
-            lambda: self._client().offsets_for_times(
-                [TopicPartition(t, p, ts) for (t, p), ts in sorted(stamps.items())], timeout=10.0
-            ),
-        )
-        out: dict[Partition, int] = {}
-        missing = []
-        for tp in found:
-            p = (tp.topic, tp.partition)
-            if tp.error is not None:
-                raise KafkaException(tp.error)
-            if tp.offset >= 0:
-                out[p] = tp.offset
-            elif which == "starting" and self.options.timestamp_strategy == "latest":
-                out[p] = high[p]
-            else:
-                missing.append(f"{tp.topic}[{tp.partition}] (timestamp {stamps[p]})")
-        if missing:
-            option = (
-                "startingTimestamp"
-                if self.options.starting_timestamp is not None
-                else "startingOffsetsByTimestamp"
-            )
-            raise ValueError(
-                f"kip848: {option}: no record at or after the timestamp in {', '.join(missing)}; "
-                "set startingOffsetsByTimestampStrategy=latest to start those partitions at "
-                "the latest offset instead"
             )
         return out
 
