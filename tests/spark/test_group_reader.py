@@ -211,7 +211,9 @@ def test_a_revocation_waits_for_the_inflight_batch(embedded_kafka: EmbeddedKafka
 
         def revocation_known() -> bool:
             reader.commit(query.start)  # Spark's commit of batch N while N+1 runs
-            return member.state is not MemberState.STABLE
+            # RECONCILING: the revocation is queued for the member's next poll, and stays
+            # so (unacknowledged) as long as nothing serves it.
+            return member.state is MemberState.RECONCILING
 
         wait_for(revocation_known, 30, "the member learning of a revocation")
         reader.commit(query.start)
