@@ -180,7 +180,7 @@ class SparkDaemon:
         self.proc = subprocess.Popen(
             command,
             cwd=log.parent,
-            env=spark_env(SPARK_HOME=str(home), **(env or {})),
+            env=spark_env(**{"SPARK_HOME": str(home), **(env or {})}),
             stdout=self._log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
