@@ -153,10 +153,11 @@ def test_graceful_hand_overs_between_two_applications_are_exactly_once(
     assert committed(real_kafka, group, topic, PARTS) == final
 
 
-@pytest.fixture(scope="module")
-def standalone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+@pytest.fixture
+def standalone(tmp_path: Path) -> Iterator[str]:
     """A standalone master and one worker (2 cores) from pyspark's distribution."""
-    work = tmp_path_factory.mktemp("standalone")
+    work = tmp_path / "standalone"
+    work.mkdir()
     port = free_port()
     master = SparkDaemon(
         work / "master.log",
@@ -217,28 +218,14 @@ def run_once_then_stream(kafka: Any, app: App, topic: str, group: str) -> None:
 
 
 @pytest.mark.timeout(600)
-def test_an_application_on_a_standalone_cluster(
+def test_a_spark_connect_client_on_a_standalone_cluster_commits_to_kafka(
     real_kafka: Any, standalone: str, tmp_path: Path, apps: list[App]
 ) -> None:
-    topic, group = "dep-standalone", "dep-standalone-g"
-    real_kafka.create_topic(topic, partitions=PARTS)
-    app = App(
-        "standalone",
-        tmp_path / "app",
-        *("--bootstrap", real_kafka.bootstrap_servers, "--topic", topic, "--group", group),
-        *("--master", standalone),
-    )
-    apps.append(app)
-    run_once_then_stream(real_kafka, app, topic, group)
-
-
-@pytest.mark.timeout(600)
-def test_a_spark_connect_client_on_its_own_commits_to_kafka(
-    real_kafka: Any, standalone: str, tmp_path: Path, apps: list[App]
-) -> None:
-    """A Spark Connect server (pyspark's distribution, on the standalone cluster) and a
+    """A Spark Connect server (pyspark's distribution) running on a standalone cluster (a
+    master and a worker, so the source's tasks run in an executor JVM of their own) and a
     client in another process with its own temporary directory: the group's committed
-    offsets follow the sink, for Trigger.Once and for the last batch before a stop."""
+    offsets follow the sink, for Trigger.Once and for the last batch before a stop. One
+    test for both deployments: each costs a few JVMs on a 2-core CI machine."""
     topic, group = "dep-connect", "dep-connect-g"
     real_kafka.create_topic(topic, partitions=PARTS)
     server_tmp, client_tmp = tmp_path / "server-tmp", tmp_path / "client-tmp"
