@@ -146,11 +146,16 @@ def test_graceful_hand_overs_between_two_applications_are_exactly_once(
     a.stop()
     b.stop()
     check_exactly_once(real_kafka, topic, {"A": read_sink(a.workdir), "B": read_sink(b.workdir)})
-    for app in (a, b):
+    for app in (a, b):  # each handed partitions over while running and when stopped
         kinds = [e["kind"] for e in app.events()]
-        assert "revoke" in kinds and kinds.count("left") >= 2, (app.name, kinds)
-    # Both left gracefully: the group's committed offsets are where the sinks stopped.
-    assert committed(real_kafka, group, topic, PARTS) == final
+        assert kinds.count("revoke") >= 3, (app.name, kinds)
+    # Both stopped gracefully: the group's committed offsets are where the sinks stopped
+    # (committed on revoke when the stream readers closed, which the JVM does not await).
+    wait_for(
+        lambda: committed(real_kafka, group, topic, PARTS) == final,
+        60,
+        "the offsets committed on close",
+    )
 
 
 @pytest.fixture
