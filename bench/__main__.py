@@ -394,7 +394,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kafka-home", default=None, help="for --broker real ($KAFKA_HOME)")
     parser.add_argument(
         "--only",
-        choices=("heartbeat",),
+        choices=("heartbeat", "aio"),
         default=None,
         help="re-run one benchmark and rewrite benchmarks.md with the other sections taken "
         "from the previous full run (docs/benchmarks.json)",
@@ -405,6 +405,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error("--broker real needs --kafka-home or KAFKA_HOME (Apache Kafka >= 4.0)")
         return _run_real(args)
     started = time.monotonic()
+    from bench import aio as aio_bench
     from bench import convergence, heartbeat_cost, throughput
 
     spark: dict[str, Any] | None = None
@@ -416,8 +417,13 @@ def main(argv: list[str] | None = None) -> int:
         assign_rows, spark = previous["assignors"], previous["spark"]
         if spark is None:
             spark_missing = "not in the previous full run"
-        print("heartbeat cost ...", flush=True)
-        hb = heartbeat_cost.run(args.quick)
+        hb, aio = previous["heartbeat"], previous.get("aio")
+        if args.only == "heartbeat":
+            print("heartbeat cost ...", flush=True)
+            hb = heartbeat_cost.run(args.quick)
+        else:
+            print("asyncio face ...", flush=True)
+            aio = aio_bench.run(args.quick)
     else:
         print("rebalance convergence ...", flush=True)
         conv = convergence.run(args.quick)
@@ -425,6 +431,8 @@ def main(argv: list[str] | None = None) -> int:
         thr = throughput.run(args.quick)
         print("heartbeat cost ...", flush=True)
         hb = heartbeat_cost.run(args.quick)
+        print("asyncio face ...", flush=True)
+        aio = aio_bench.run(args.quick)
         print("assignors (goal cases) ...", flush=True)
         assign_rows = [] if args.quick else _assignor_goals()
         try:
@@ -449,6 +457,7 @@ def main(argv: list[str] | None = None) -> int:
                 "convergence": conv,
                 "throughput": thr,
                 "heartbeat": hb,
+                "aio": aio,
                 "assignors": assign_rows,
                 "spark": spark,
             },
@@ -589,6 +598,8 @@ def main(argv: list[str] | None = None) -> int:
         "run only on the shared loop (there is no thread-per-member runtime any more); the",
         "facade adds the application's `poll()` work to the `network` rows' cost.",
     ]
+    if aio is not None:
+        lines += ["", *aio_bench.render(aio)]
     if assign_rows:
         lines += [
             "",

@@ -10,7 +10,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from consumer_sdk.testing import wait_until
+from consumer_sdk import Consumer, TopicPartition
+from consumer_sdk.testing import EmbeddedKafka, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -70,3 +71,48 @@ def test_health_service_example_probes_metrics_and_sigterm() -> None:
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
+
+
+def test_asyncio_service_example_shuts_down_gracefully_on_sigterm(
+    embedded_kafka: EmbeddedKafka,
+) -> None:
+    """The asyncio service processes every record, and on SIGTERM commits them all and leaves
+    the group (its member ends UNSUBSCRIBED) before it exits 0."""
+    topic = "example-aio-orders"
+    embedded_kafka.create_topic(topic, partitions=3)
+    embedded_kafka.produce(topic, [f"order-{i}".encode() for i in range(500)])
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            str(ROOT / "examples" / "asyncio_service.py"),
+            embedded_kafka.bootstrap_servers,
+            topic,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    lines: list[str] = []
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line)
+            if "processed 500 records" in line:
+                break
+        assert any("processed 500 records" in line for line in lines), "".join(lines)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err[-2000:]
+    assert "closed: member unsubscribed after the leave" in out
+    with Consumer(
+        {
+            "bootstrap.servers": embedded_kafka.bootstrap_servers,
+            "group.id": "example-asyncio-service",
+        }
+    ) as check:
+        committed = check.committed([TopicPartition(topic, p) for p in range(3)])
+    assert sum(tp.offset for tp in committed) == 500

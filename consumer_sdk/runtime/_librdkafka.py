@@ -1,5 +1,7 @@
 """The one ctypes edge of the runtime: librdkafka's consumer group metadata serialization,
-and waking a thread blocked in a ``confluent_kafka.Consumer``'s poll/consume.
+waking a thread blocked in a ``confluent_kafka.Consumer``'s poll/consume, and the consumer
+queue's IO event (a byte written to a file descriptor when records arrive; asyncio's
+``add_reader`` waits on it).
 
 ``confluent_kafka.Producer.send_offsets_to_transaction`` takes the group metadata as the
 bytes that ``rd_kafka_consumer_group_metadata_write`` produces (confluent-kafka-python turns
@@ -25,6 +27,7 @@ __all__ = [
     "GroupMetadata",
     "LibrdkafkaError",
     "QueueWaker",
+    "consumer_queue_io_event",
     "consumer_queue_waker",
     "read_group_metadata",
     "write_group_metadata",
@@ -60,6 +63,7 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "rd_kafka_queue_get_consumer": (_c_void_p, [_c_void_p]),
     "rd_kafka_queue_yield": (None, [_c_void_p]),
     "rd_kafka_queue_destroy": (None, [_c_void_p]),
+    "rd_kafka_queue_io_event_enable": (None, [_c_void_p, ctypes.c_int, _c_void_p, ctypes.c_size_t]),
 }
 
 _RD_KAFKA_CONSUMER = 1
@@ -212,6 +216,36 @@ class QueueWaker:
             self._lib.rd_kafka_queue_destroy(queue)
 
 
+class QueueIoEvent:
+    """librdkafka writes a byte to ``fd`` when an op (a record batch, an error) is put on the
+    consumer queue and none was written since the queue was last served
+    (``rd_kafka_queue_io_event_enable``). Any thread; `close` before the consumer's close."""
+
+    _PAYLOAD = ctypes.create_string_buffer(b"r", 1)
+
+    def __init__(self, lib: ctypes.CDLL, queue: int, fd: int) -> None:
+        self._lib = lib
+        self._queue: int | None = queue
+        self._lock = threading.Lock()
+        lib.rd_kafka_queue_io_event_enable(queue, fd, ctypes.addressof(self._PAYLOAD), 1)
+
+    def close(self) -> None:
+        with self._lock:
+            queue, self._queue = self._queue, None
+        if queue is not None:
+            self._lib.rd_kafka_queue_io_event_enable(queue, -1, None, 0)
+            self._lib.rd_kafka_queue_destroy(queue)
+
+
+def consumer_queue_io_event(
+    consumer: confluent_kafka.Consumer, client_id: str, fd: int
+) -> QueueIoEvent:
+    """A `QueueIoEvent` writing to ``fd`` for ``consumer``'s queue (checked as in
+    `consumer_queue_waker`; raises `LibrdkafkaError`)."""
+    lib = _library()
+    return QueueIoEvent(lib, _consumer_queue(lib, consumer, client_id), fd)
+
+
 def consumer_queue_waker(consumer: confluent_kafka.Consumer, client_id: str) -> QueueWaker:
     """A `QueueWaker` for ``consumer`` (whose ``client.id`` is ``client_id``).
 
@@ -220,6 +254,12 @@ def consumer_queue_waker(consumer: confluent_kafka.Consumer, client_id: str) -> 
     must be the object's type, and librdkafka must name the handle a consumer of
     ``client_id``. Raises `LibrdkafkaError` when any of that does not hold."""
     lib = _library()
+    return QueueWaker(lib, _consumer_queue(lib, consumer, client_id))
+
+
+def _consumer_queue(lib: ctypes.CDLL, consumer: confluent_kafka.Consumer, client_id: str) -> int:
+    """A new reference to ``consumer``'s librdkafka consumer queue (see
+    `consumer_queue_waker`)."""
     word = ctypes.sizeof(ctypes.c_ssize_t)
     base = id(consumer)
     if ctypes.c_void_p.from_address(base + word).value != id(type(consumer)):
@@ -235,4 +275,4 @@ def consumer_queue_waker(consumer: confluent_kafka.Consumer, client_id: str) -> 
     queue = lib.rd_kafka_queue_get_consumer(handle)
     if not queue:
         raise LibrdkafkaError(f"{name} has no consumer queue")
-    return QueueWaker(lib, queue)
+    return int(queue)

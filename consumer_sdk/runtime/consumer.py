@@ -404,12 +404,25 @@ class Consumer(GroupMember):
         self._assigning = dict.fromkeys(parts)
 
     def _after_assign(self) -> None:
-        starts, self._assigning = self._assigning or {}, None
+        starts = self._take_assign_starts()
         need = [p for p, offset in starts.items() if offset is None]
-        if need:
-            # A failure here fails the callback: the core calls on_assign again.
-            committed = self._fetch_committed(need, self._request_timeout() * 5)
-            for p in need:
+        # A failure here fails the callback: the core calls on_assign again.
+        committed = self._fetch_committed(need, self._request_timeout() * 5) if need else {}
+        self._start_assigned(starts, committed)
+
+    def _take_assign_starts(self) -> dict[Partition, int | None]:
+        """The start offsets on_assign left (None: the committed offset, to look up)."""
+        starts, self._assigning = self._assigning or {}, None
+        return starts
+
+    def _start_assigned(
+        self,
+        starts: dict[Partition, int | None],
+        committed: Mapping[Partition, OffsetAndMetadata | None],
+    ) -> None:
+        """Start fetching the assigned partitions, at ``committed`` where none was chosen."""
+        for p, offset in starts.items():
+            if offset is None:
                 found = committed.get(p)
                 starts[p] = None if found is None else found.offset
         with self._store_lock:
@@ -424,13 +437,9 @@ class Consumer(GroupMember):
         self._fetcher.fence(pending)
         self._fetcher.unfence(keep)
 
-    def _call(self, callback: RebalanceCallback | None, parts: list[Partition]) -> bool:
-        try:
-            return super()._call(callback, parts)
-        except BaseException:
-            # A failed on_assign is retried by the core; until then nothing is being assigned.
-            self._assigning = None
-            raise
+    def _assign_failed(self) -> None:
+        # A failed on_assign is retried by the core; until then nothing is being assigned.
+        self._assigning = None
 
     def _after_revoke(self, parts: list[Partition]) -> None:
         self._releasing = None

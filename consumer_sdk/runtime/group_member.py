@@ -100,6 +100,10 @@ def _wait_seconds(timeout: float | None) -> float:
     return float("inf") if timeout is None or timeout < 0 else float(timeout)
 
 
+def _committed_tps(committed: Mapping[Partition, int]) -> list[TopicPartition]:
+    return [TopicPartition(t, p, o) for (t, p), o in sorted(committed.items())]
+
+
 def _as_kafka_exception(exc: BaseException, what: str = "callback") -> BaseException:
     """A user callback's exception as raised to the application: a ``KafkaException`` as is,
     any other ``Exception`` wrapped in one (``_APPLICATION``) with the original as
@@ -383,24 +387,28 @@ class GroupMember:
                 continue
             if self._leave_done.is_set() or self._net.failure is not None:
                 break
-            now = time.monotonic()
-            if now >= deadline:
-                sent_at = self._leave_sent_at
-                if sent_at is not None:
-                    if now >= sent_at + _CLOSE_ATTEMPT_FLOOR_S:
-                        break
-                elif self._net.events_pending or self._net.state in _LEAVING:
-                    cap = max(deadline, self._callbacks_ended_at) + 2 * self._request_timeout()
-                    if now >= cap:
-                        log.info(
-                            "group %s: leave heartbeat not sent within the close timeout",
-                            self.group_id,
-                        )
-                        break
-                else:
-                    break
+            if self._leave_wait_over(deadline):
+                break
             self._await_background(_POLL_EVENT_INTERVAL_S)
         return first
+
+    def _leave_wait_over(self, deadline: float) -> bool:
+        """Whether a leave still under way is waited for no longer (see `_drive_leave`)."""
+        now = time.monotonic()
+        if now < deadline:
+            return False
+        sent_at = self._leave_sent_at
+        if sent_at is not None:
+            return now >= sent_at + _CLOSE_ATTEMPT_FLOOR_S
+        if self._net.events_pending or self._net.state in _LEAVING:
+            cap = max(deadline, self._callbacks_ended_at) + 2 * self._request_timeout()
+            if now >= cap:
+                log.info(
+                    "group %s: leave heartbeat not sent within the close timeout", self.group_id
+                )
+                return True
+            return False
+        return True
 
     # -- poll -------------------------------------------------------------------------------
 
@@ -556,32 +564,44 @@ class GroupMember:
 
     def _run_callback(self, event: CallbacksNeeded) -> bool:
         parts = list(event.partitions)
-        error: str | None = None
         user_exc: BaseException | None = None
         called = False
         try:
-            if event.kind is CallbackKind.REVOKED:
-                self._before_revoke(parts)
-                called = self._call(self._on_revoke, parts)
-            elif event.kind is CallbackKind.LOST:
-                self._before_revoke(parts, lost=True)
-                called = self._call(self._on_lost or self._on_revoke, parts)
-            else:
-                self._before_assign(parts)
-                called = self._call(self._on_assign, parts)
+            called = self._call(self._callback_begin(event), parts)
+            if event.kind is CallbackKind.ASSIGNED:
                 self._after_assign()
         except BaseException as exc:
             user_exc = exc
-            error = f"{type(exc).__name__}: {exc}"
-        finally:
-            self._client_metrics.record_partitions(event.kind.name.lower(), len(parts))
+        self._callback_end(event, user_exc)
+        return called
+
+    def _callback_begin(self, event: CallbacksNeeded) -> RebalanceCallback | None:
+        """Prepare the data plane for a rebalance callback; the user callback to run."""
+        parts = list(event.partitions)
+        if event.kind is CallbackKind.REVOKED:
+            self._before_revoke(parts)
+            return self._on_revoke
+        if event.kind is CallbackKind.LOST:
+            self._before_revoke(parts, lost=True)
+            return self._on_lost or self._on_revoke
+        self._before_assign(parts)
+        return self._on_assign
+
+    def _callback_end(self, event: CallbacksNeeded, user_exc: BaseException | None) -> None:
+        """Finish a rebalance callback (release revoked partitions, acknowledge it to the
+        core), then raise the callback's error, if any, as the application sees it."""
+        try:
+            self._client_metrics.record_partitions(event.kind.name.lower(), len(event.partitions))
             if event.kind is not CallbackKind.ASSIGNED:
-                self._after_revoke(parts)
+                self._after_revoke(list(event.partitions))
+            elif user_exc is not None:
+                self._assign_failed()
+        finally:
             self._callbacks_ended_at = time.monotonic()
+            error = None if user_exc is None else f"{type(user_exc).__name__}: {user_exc}"
             self._net.submit(CallbackCompleted(event.callback_id, error))
         if user_exc is not None:
             raise _as_kafka_exception(user_exc, f"on_{event.kind.name.lower()}")
-        return called
 
     def _call(self, callback: RebalanceCallback | None, parts: list[Partition]) -> bool:
         if callback is None:
@@ -609,6 +629,10 @@ class GroupMember:
     def _after_assign(self) -> None:
         return None
 
+    def _assign_failed(self) -> None:
+        """on_assign (or the assignment after it) raised: the core retries it later."""
+        return None
+
     # -- commits ----------------------------------------------------------------------------
 
     def _consumed_offsets(self) -> dict[Partition, OffsetAndMetadata]:
@@ -616,7 +640,20 @@ class GroupMember:
         return dict(self._revoking)
 
     def _commit_needed(self, event: CommitNeeded) -> None:
-        error: str | None = None
+        offsets, deadline, pending = self._commit_needed_offsets(event)
+        error: KafkaException | None = None
+        try:
+            self._commit_with_retries(offsets, deadline, retry_stale=True, releasing=pending)
+        except KafkaException as exc:
+            error = exc
+        finally:
+            self._commit_needed_done(event, error)
+
+    def _commit_needed_offsets(
+        self, event: CommitNeeded
+    ) -> tuple[dict[Partition, OffsetAndMetadata], float, set[Partition]]:
+        """What the commit before a revocation or leave commits, its deadline, and the
+        partitions pending revocation."""
         # Reference step order: fence partitions pending revocation, then commit, so no record
         # of them is handed out after the offsets that the next owner starts from.
         pending = set(self._net.snapshot.pending_revocation)
@@ -628,10 +665,12 @@ class GroupMember:
             deadline = min(
                 deadline, max(self._close_deadline, time.monotonic() + _CLOSE_ATTEMPT_FLOOR_S)
             )
-        try:
-            self._commit_with_retries(offsets, deadline, retry_stale=True, releasing=pending)
-        except KafkaException as exc:
-            error = exc.args[0].str()
+        return offsets, deadline, pending
+
+    def _commit_needed_done(self, event: CommitNeeded, failure: KafkaException | None) -> None:
+        error: str | None = None
+        if failure is not None:
+            error = failure.args[0].str()
             # The core logs the failure once it hears of it (CommitCompleted).
             log.debug(
                 "group %s: commit before %s failed (%s); continuing",
@@ -639,8 +678,7 @@ class GroupMember:
                 event.reason,
                 error,
             )
-        finally:
-            self._net.submit(CommitCompleted(event.commit_id, error))
+        self._net.submit(CommitCompleted(event.commit_id, error))
 
     def _report_commit(
         self, error: KafkaError | None, offsets: Mapping[Partition, OffsetLike]
@@ -698,6 +736,12 @@ class GroupMember:
         result = self._net.commit_sync(
             offsets, max(deadline - time.monotonic(), 0.05), kind, releasing=releasing
         )
+        return self._commit_outcome(offsets, result)
+
+    def _commit_outcome(
+        self, offsets: Mapping[Partition, OffsetAndMetadata], result: CommitResult
+    ) -> dict[Partition, int]:
+        """Report a waited-for commit's result to ``on_commit``; raise its failure."""
         self._check_network()
         committed = dict(result.committed)
         if result.ok:
@@ -734,6 +778,31 @@ class GroupMember:
         network loop (before any later leave heartbeat) and never retried.
         """
         self._ensure_usable()
+        todo = self._commit_todo(message, offsets, asynchronous)
+        if todo is None:
+            return None
+        if timeout is None:
+            timeout = self._config.connection.socket_timeout_ms / 1000
+        committed = self._commit_with_retries(
+            todo,
+            time.monotonic() + max(timeout, 0.0),
+            retry_stale=False,
+            releasing=self._commit_releasing(),
+        )
+        return _committed_tps(committed)
+
+    def _commit_releasing(self) -> set[Partition]:
+        """Partitions being released: an application commit of a deleted topic's partition
+        among them fails at once instead of being retried."""
+        return set(self._net.snapshot.pending_revocation) | set(self._revoking)
+
+    def _commit_todo(
+        self,
+        message: Message | None,
+        offsets: Sequence[TopicPartition] | None,
+        asynchronous: bool,
+    ) -> dict[Partition, OffsetAndMetadata] | None:
+        """The offsets ``commit()`` commits; an asynchronous commit is queued here (None)."""
         if message is not None and offsets is not None:
             raise ValueError("commit() takes message or offsets, not both")
         if message is not None:
@@ -767,13 +836,7 @@ class GroupMember:
             raise KafkaException(
                 KafkaError(KafkaError._NO_OFFSET, "Commit failed: Local: No offset stored")
             )
-        if timeout is None:
-            timeout = self._config.connection.socket_timeout_ms / 1000
-        releasing = set(self._net.snapshot.pending_revocation) | set(self._revoking)
-        committed = self._commit_with_retries(
-            todo, time.monotonic() + max(timeout, 0.0), retry_stale=False, releasing=releasing
-        )
-        return [TopicPartition(t, p, o) for (t, p), o in sorted(committed.items())]
+        return todo
 
     def committed(
         self, partitions: Sequence[TopicPartition], timeout: float = 10.0
@@ -813,21 +876,25 @@ class GroupMember:
                 KafkaTimeoutError,
                 ProtocolError,
             ) as exc:
-                code = exc.args[0].code()
-                retriable = not isinstance(exc, BrokerResponseError) or code in COMMIT_RETRIABLE
-                if code == ErrorCode.STALE_MEMBER_EPOCH and epoch > 0:
-                    retriable = True
-                delay = backoff.backoff_s(attempts)
+                time.sleep(self._fetch_retry(exc, epoch, deadline, backoff.backoff_s(attempts)))
                 attempts += 1
-                if not retriable or time.monotonic() + delay >= deadline:
-                    raise
-                log.info(
-                    "group %s: OffsetFetch failed (%s); retrying in %.0f ms",
-                    self.group_id,
-                    exc.args[0].str(),
-                    delay * 1000,
-                )
-                time.sleep(delay)
+
+    def _fetch_retry(self, exc: KafkaException, epoch: int, deadline: float, delay: float) -> float:
+        """After a failed OffsetFetch (made under ``epoch``): ``delay``, the backoff before
+        the next attempt, or raise ``exc`` when it is not retried."""
+        code = exc.args[0].code()
+        retriable = not isinstance(exc, BrokerResponseError) or code in COMMIT_RETRIABLE
+        if code == ErrorCode.STALE_MEMBER_EPOCH and epoch > 0:
+            retriable = True
+        if not retriable or time.monotonic() + delay >= deadline:
+            raise exc
+        log.info(
+            "group %s: OffsetFetch failed (%s); retrying in %.0f ms",
+            self.group_id,
+            exc.args[0].str(),
+            delay * 1000,
+        )
+        return delay
 
     def _fetch_once(
         self, partitions: list[Partition], member_id: str | None, epoch: int, timeout: float
@@ -836,10 +903,15 @@ class GroupMember:
         ``BrokerResponseError`` for an error in the answer."""
         if not partitions:
             return {}
-        request = OffsetFetchRequest(
+        request = self._offset_fetch_request(partitions, member_id, epoch)
+        return committed_offsets(self._net.fetch_offsets(request, timeout))
+
+    def _offset_fetch_request(
+        self, partitions: list[Partition], member_id: str | None, epoch: int
+    ) -> OffsetFetchRequest:
+        return OffsetFetchRequest(
             self.group_id, tuple(sorted(partitions)), member_id, epoch, require_stable=True
         )
-        return committed_offsets(self._net.fetch_offsets(request, timeout))
 
     # -- close ------------------------------------------------------------------------------
 

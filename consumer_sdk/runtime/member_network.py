@@ -124,6 +124,18 @@ def _member_work(
     return run
 
 
+def commit_result(completion: Completion[CommitResult], kind: CommitKind) -> CommitResult:
+    """The result of a `MemberNetwork.commit_completion` waited for: a timeout or the
+    member's failure (which its caller raises) read as a timed-out commit. Expires it if it
+    is not done."""
+    if not completion.done():
+        completion.expire()
+    if completion.error() is not None:
+        code = int(ErrorCode.REQUEST_TIMED_OUT)
+        return CommitResult(0, kind, {}, code, "commit timed out", detail="commit timed out")
+    return completion.outcome()
+
+
 class MemberNetwork:
     """One member's driver on the shared loop; see the module docstring.
 
@@ -335,6 +347,13 @@ class MemberNetwork:
         path's no-regression floor, as committed offsets."""
         if self.failure is not None:
             raise self.failure
+        return self.fetch_offsets_completion(request, timeout_s).result(timeout_s)
+
+    def fetch_offsets_completion(
+        self, request: OffsetFetchRequest, timeout_s: float
+    ) -> Completion[OffsetFetchResponse]:
+        """`fetch_offsets` without the wait: its `Completion` (completed on the loop thread;
+        failed past ``timeout_s`` or with the member's failure)."""
         deadline = time.monotonic() + max(timeout_s, 0.0)
         what = (
             f"OffsetFetch for group {request.group_id!r} (no answer within "
@@ -348,8 +367,11 @@ class MemberNetwork:
             self._fetch_waiters[fetch_id] = self._reaper.track(done)
             d.fetch_offsets(fetch_id, request, deadline_ms)
 
+        if self.failure is not None:
+            done.fail(self.failure)
+            return done
         self._post(queue)
-        return done.result(timeout_s)
+        return done
 
     def commit_sync(
         self,
@@ -360,6 +382,19 @@ class MemberNetwork:
     ) -> CommitResult:
         """Commit and wait for the outcome (at most ``timeout_s`` plus a little);
         ``releasing`` as in `CommitRequestManager.commit`."""
+        done = self.commit_completion(offsets, timeout_s, kind, releasing)
+        done.wait(timeout_s + 1.0)
+        return commit_result(done, kind)
+
+    def commit_completion(
+        self,
+        offsets: Mapping[Partition, OffsetLike],
+        timeout_s: float,
+        kind: CommitKind,
+        releasing: Iterable[Partition] = (),
+    ) -> Completion[CommitResult]:
+        """`commit_sync` without the wait: its `Completion` (completed on the loop thread;
+        failed past ``timeout_s`` plus a little, or with the member's failure)."""
         releasing = frozenset(releasing)
         commit_id = self._ids()
         made = _now_ms()
@@ -374,14 +409,11 @@ class MemberNetwork:
                 made, offsets, kind, int(timeout_s * 1000), commit_id=commit_id, releasing=releasing
             )
 
+        if self.failure is not None:
+            done.fail(self.failure)
+            return done
         self._post(queue, commit=True)
-        try:
-            return done.result(timeout_s + 1.0)
-        except Exception:  # timed out, or the member failed (raised by the caller)
-            code = int(ErrorCode.REQUEST_TIMED_OUT)
-            return CommitResult(
-                commit_id, kind, {}, code, "commit timed out", detail="commit timed out"
-            )
+        return done
 
     def call(self, fn: Callable[[MemberDriver], _T], timeout_s: float = 30.0) -> _T:
         """Run ``fn(driver)`` on the loop thread and return its value (diagnostics and

@@ -1,0 +1,364 @@
+"""asyncio face (consumer_sdk.aio): event-loop blocking, throughput, many members on one loop.
+
+In one run, on one EmbeddedKafka:
+
+- ``loop_gap``: a 1 ms ticker task runs next to ``async for msg in AIOConsumer`` reading at
+  full speed; the lateness of each tick (gap between ticks minus 1 ms) is the time the event
+  loop was held by anything else. Goal: largest under 5 ms, p99 under 1 ms. The same ticker
+  next to confluent-kafka's ``AIOConsumer.consume(500)``, and alone (what the machine's
+  scheduling costs by itself), for reference.
+- ``throughput``: records per second of ``async for`` and ``await consume(500)`` against the
+  sync ``Consumer.consume(500)`` (goal >= 0.9x) and confluent-kafka's ``AIOConsumer``
+  (``consume(500)`` in its thread pool; goal >= 1.0x), interleaved, median of the pairs'
+  ratios.
+- ``members``: 1,000 ``AIOGroupMember``\\ s on one event loop (a task each, ``await
+  poll(1.0)`` in a loop) at a 1 s heartbeat interval: CPU share of the process (event loop +
+  network loop) over a window once all are stable. Goal: under 10 % of one core.
+
+    python -m bench.aio [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import resource
+import statistics
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from bench.throughput import CONSUMER_CONFIG, _available
+
+TICK_S = 0.001
+
+
+def _cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _config(bootstrap: str, prefix: str) -> dict[str, Any]:
+    return {
+        "bootstrap.servers": bootstrap,
+        "group.id": f"{prefix}-{uuid.uuid4().hex[:6]}",
+        "auto.offset.reset": "earliest",
+        **CONSUMER_CONFIG,
+    }
+
+
+class _Ticker:
+    """A task sleeping 1 ms at a time; records how late each wake-up is."""
+
+    def __init__(self) -> None:
+        self.lateness: list[float] = []
+        self._task: asyncio.Task[None] | None = None
+
+    async def _run(self) -> None:
+        last = time.perf_counter()
+        while True:
+            await asyncio.sleep(TICK_S)
+            now = time.perf_counter()
+            self.lateness.append(max(now - last - TICK_S, 0.0))
+            last = now
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def stop(self) -> dict[str, float]:
+        assert self._task is not None
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+        late = sorted(self.lateness)
+        return {
+            "ticks": len(late),
+            "max_ms": late[-1] * 1000 if late else float("nan"),
+            "p99_ms": late[int(len(late) * 0.99)] * 1000 if late else float("nan"),
+            "median_ms": statistics.median(late) * 1000 if late else float("nan"),
+        }
+
+
+async def _read(
+    step: Callable[[], Awaitable[list[Any]]], n: int, ticker: _Ticker | None
+) -> tuple[tuple[float, float], dict[str, float] | None]:
+    """Records per second of wall-clock time and per second of this process's CPU time
+    reading ``n`` records with ``step`` (from the first record on)."""
+    got = 0
+    start: float | None = None
+    cpu_start = 0.0
+    deadline = time.monotonic() + 300
+    while got < n:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"read {got} of {n} records in 300 s")
+        for m in await step():
+            if m.error() is None:
+                if start is None:
+                    start, cpu_start = time.perf_counter(), _cpu_s()
+                    if ticker is not None:
+                        ticker.start()
+                got += 1
+    elapsed = time.perf_counter() - (start or time.perf_counter())
+    cpu = max(_cpu_s() - cpu_start, 1e-6)
+    gaps = await ticker.stop() if ticker is not None else None
+    return ((got - 1) / elapsed, (got - 1) / cpu), gaps
+
+
+async def _aio(bootstrap: str, topic: str, n: int, mode: str, tick: bool = False) -> Any:
+    from consumer_sdk.aio import AIOConsumer
+
+    async with AIOConsumer(_config(bootstrap, "aio")) as c:
+        await c.subscribe([topic])
+        if mode == "consume":
+
+            async def step() -> list[Any]:
+                return await c.consume(500, 1.0)
+        else:
+            it = aiter(c)
+
+            async def step() -> list[Any]:
+                return [await anext(it)]
+
+        return await _read(step, n, _Ticker() if tick else None)
+
+
+async def _confluent_aio(bootstrap: str, topic: str, n: int, tick: bool = False) -> Any:
+    import confluent_kafka
+    import confluent_kafka.aio
+
+    c = confluent_kafka.aio.AIOConsumer(_config(bootstrap, "ck"))
+    await c.assign(
+        [
+            confluent_kafka.TopicPartition(topic, p, confluent_kafka.OFFSET_BEGINNING)
+            for p in range(_PARTITIONS)
+        ]
+    )
+    try:
+
+        async def step() -> list[Any]:
+            msgs: list[Any] = await c.consume(500, 1.0)
+            return msgs
+
+        return await _read(step, n, _Ticker() if tick else None)
+    finally:
+        await c.close()
+
+
+async def _idle() -> dict[str, float]:
+    """The machine's floor: the ticker alone on the loop for a second."""
+    ticker = _Ticker()
+    ticker.start()
+    await asyncio.sleep(1.0)
+    return await ticker.stop()
+
+
+def _sync(bootstrap: str, topic: str, n: int) -> tuple[float, float]:
+    from consumer_sdk import Consumer
+
+    c = Consumer(_config(bootstrap, "sync"))
+    c.subscribe([topic])
+    try:
+        got = 0
+        start: float | None = None
+        cpu_start = 0.0
+        deadline = time.monotonic() + 300
+        while got < n:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"sync consumer read {got} of {n} records in 300 s")
+            for m in c.consume(500, 1.0):
+                if m.error() is None:
+                    if start is None:
+                        start, cpu_start = time.perf_counter(), _cpu_s()
+                    got += 1
+        cpu = max(_cpu_s() - cpu_start, 1e-6)
+        return (got - 1) / (time.perf_counter() - (start or time.perf_counter())), (got - 1) / cpu
+    finally:
+        c.close()
+
+
+_PARTITIONS = 6
+
+
+async def _members(bootstrap: str, count: int, window_s: float) -> dict[str, Any]:
+    from consumer_sdk import MemberState
+    from consumer_sdk.aio import AIOGroupMember
+
+    members = [
+        AIOGroupMember({"bootstrap.servers": bootstrap, "group.id": "aio-hb"}) for _ in range(count)
+    ]
+    stop = asyncio.Event()
+
+    async def drive(m: AIOGroupMember) -> None:
+        await m.subscribe(["aio-hb"])
+        while not stop.is_set():
+            await m.poll(1.0)
+
+    tasks = [asyncio.create_task(drive(m)) for m in members]
+    t_join = time.monotonic()
+    deadline = t_join + 60 + count * 0.1
+    while time.monotonic() < deadline:
+        if all(m.state is MemberState.STABLE for m in members):
+            break
+        await asyncio.sleep(0.1)
+    join_s = time.monotonic() - t_join
+    await asyncio.sleep(1.5)  # let join-time traffic drain
+    beats0 = sum(m.metrics()["heartbeat-total"] for m in members)
+    cpu0, t0 = _cpu_s(), time.monotonic()
+    await asyncio.sleep(window_s)
+    cpu, wall = _cpu_s() - cpu0, time.monotonic() - t0
+    beats = sum(m.metrics()["heartbeat-total"] for m in members) - beats0
+    stable = sum(m.state is MemberState.STABLE for m in members)
+    stop.set()
+    await asyncio.gather(*tasks)
+    await asyncio.gather(*(m.close(timeout=2) for m in members))
+    return {
+        "members": count,
+        "stable": stable,
+        "join_s": join_s,
+        "heartbeats_per_s": beats / wall,
+        "cpu_core_fraction": cpu / wall,
+    }
+
+
+def run(quick: bool = False) -> dict[str, Any]:
+    from consumer_sdk.testing import EmbeddedKafka
+
+    n = 50_000 if quick else 200_000
+    pairs = 2 if quick else 3
+    payload = [b"x" * 100] * 5_000
+    out: dict[str, Any] = {"records": n, "record_bytes": 100, "pairs": pairs}
+    with EmbeddedKafka(brokers=1) as kafka:
+        bootstrap = kafka.bootstrap_servers
+        topic = f"aio-bench-{uuid.uuid4().hex[:6]}"
+        kafka.create_topic(topic, partitions=_PARTITIONS)
+        for i in range(max(n // len(payload), _PARTITIONS)):
+            kafka.produce(topic, payload, partition=i % _PARTITIONS)
+        n = out["records"] = _available(bootstrap, topic, _PARTITIONS)
+        rates: dict[str, list[float]] = {}
+        ratios: dict[str, list[float]] = {}
+        cpu_ratios: dict[str, list[float]] = {}
+        for i in range(pairs):
+            order = ["sync", "aio_for", "aio_consume", "confluent_aio"]
+            if i % 2:
+                order.reverse()
+            got: dict[str, tuple[float, float]] = {}
+            for name in order:
+                if name == "sync":
+                    got[name] = _sync(bootstrap, topic, n)
+                elif name == "confluent_aio":
+                    got[name] = asyncio.run(_confluent_aio(bootstrap, topic, n))[0]
+                else:
+                    mode = "for" if name == "aio_for" else "consume"
+                    got[name] = asyncio.run(_aio(bootstrap, topic, n, mode))[0]
+            for name, (rate, _) in got.items():
+                rates.setdefault(name, []).append(rate)
+            for mine in ("aio_for", "aio_consume"):
+                for other in ("sync", "confluent_aio"):
+                    key = f"{mine}_vs_{other}"
+                    ratios.setdefault(key, []).append(got[mine][0] / got[other][0])
+                    cpu_ratios.setdefault(key, []).append(got[mine][1] / got[other][1])
+        out["throughput"] = {
+            "per_s": {k: statistics.median(v) for k, v in rates.items()},
+            "all": rates,
+            "ratios": {k: statistics.median(v) for k, v in ratios.items()},
+            "pair_ratios": ratios,
+            # records per CPU second of the process (event loop, network loop, librdkafka,
+            # confluent-kafka's pool threads): less sensitive to other load on the machine
+            "cpu_ratios": {k: statistics.median(v) for k, v in cpu_ratios.items()},
+            "pair_cpu_ratios": cpu_ratios,
+        }
+        out["loop_gap"] = {
+            "idle": asyncio.run(_idle()),
+            "aio_for": asyncio.run(_aio(bootstrap, topic, n, "for", tick=True))[1],
+            "aio_consume": asyncio.run(_aio(bootstrap, topic, n, "consume", tick=True))[1],
+            "confluent_aio": asyncio.run(_confluent_aio(bootstrap, topic, n, tick=True))[1],
+        }
+    with EmbeddedKafka(brokers=1, heartbeat_interval_ms=1000, session_timeout_ms=30000) as kafka:
+        kafka.create_topic("aio-hb", partitions=1000)
+        out["members"] = asyncio.run(_members(kafka.bootstrap_servers, 1000, 5 if quick else 10))
+    out["goals"] = {
+        "loop_gap": "largest tick lateness < 5 ms, p99 < 1 ms",
+        "throughput": ">= 0.9x sync Consumer.consume(), >= 1.0x confluent-kafka AIOConsumer",
+        "members": "1,000 AIOGroupMembers stable at a 1 s heartbeat under 10% of one core",
+    }
+    return out
+
+
+def render(result: dict[str, Any]) -> list[str]:
+    """The asyncio section of docs/benchmarks.md."""
+    t = result["throughput"]
+    g = result["loop_gap"]
+    m = result["members"]
+    r = t["ratios"]
+
+    def spread(key: str) -> str:
+        values = t["pair_ratios"][key]
+        return f"{min(values):.2f}-{max(values):.2f}"
+
+    cpu = t.get("cpu_ratios", {})
+
+    def per_cpu(key: str) -> str:
+        return f"; per CPU s {cpu[key]:.2f}" if key in cpu else ""
+
+    lines = [
+        "## asyncio face (`consumer_sdk.aio`)",
+        "",
+        f"`python -m bench.aio` on EmbeddedKafka: {result['records']:,} records of "
+        f"{result['record_bytes']} bytes over 6 partitions, {result['pairs']} interleaved "
+        'rounds (median of the rounds\' ratios, lowest-highest in brackets; "per CPU s": '
+        "records per CPU second of the process, which other load on a shared machine "
+        "disturbs less than wall-clock rates).",
+        "",
+        "| Throughput | records/s | vs sync `consume(500)` (goal >= 0.9) | vs confluent-kafka "
+        "`AIOConsumer.consume(500)` (goal >= 1.0) |",
+        "| --- | ---: | ---: | ---: |",
+        f"| `async for msg in AIOConsumer` | {t['per_s']['aio_for']:,.0f} | "
+        f"{r['aio_for_vs_sync']:.2f} ({spread('aio_for_vs_sync')}{per_cpu('aio_for_vs_sync')}) | "
+        f"{r['aio_for_vs_confluent_aio']:.2f} ({spread('aio_for_vs_confluent_aio')}"
+        f"{per_cpu('aio_for_vs_confluent_aio')}) |",
+        f"| `await AIOConsumer.consume(500)` | {t['per_s']['aio_consume']:,.0f} | "
+        f"{r['aio_consume_vs_sync']:.2f} ({spread('aio_consume_vs_sync')}"
+        f"{per_cpu('aio_consume_vs_sync')}) | "
+        f"{r['aio_consume_vs_confluent_aio']:.2f} ({spread('aio_consume_vs_confluent_aio')}"
+        f"{per_cpu('aio_consume_vs_confluent_aio')}) |",
+        f"| sync `Consumer.consume(500)` | {t['per_s']['sync']:,.0f} | | |",
+        f"| confluent-kafka `AIOConsumer.consume(500)` | {t['per_s']['confluent_aio']:,.0f} | | |",
+        "",
+        "| Event loop held (1 ms ticker, lateness per tick) | ticks | largest (goal < 5 ms) | "
+        "p99 (goal < 1 ms) | median |",
+        "| --- | ---: | ---: | ---: | ---: |",
+    ]
+    names = {
+        "idle": "nothing else on the loop (the machine's floor)",
+        "aio_for": "`async for` (SDK)",
+        "aio_consume": "`await consume(500)` (SDK)",
+        "confluent_aio": "confluent-kafka `AIOConsumer.consume(500)`",
+    }
+    for key, label in names.items():
+        row = g[key]
+        lines.append(
+            f"| {label} | {row['ticks']:,} | {row['max_ms']:.2f} ms | {row['p99_ms']:.2f} ms | "
+            f"{row['median_ms']:.3f} ms |"
+        )
+    lines += [
+        "",
+        f"1,000 `AIOGroupMember`s on one event loop, 1 s heartbeat interval: {m['stable']} "
+        f"stable (joined in {m['join_s']:.1f} s), {m['heartbeats_per_s']:.0f} heartbeats/s, "
+        f"**{m['cpu_core_fraction'] * 100:.1f} % of one core** for the whole process (goal "
+        "< 10 %).",
+    ]
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    result = run(args.quick)
+    print("\n".join(render(result)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,595 @@
+"""consumer_sdk.aio on EmbeddedKafka (and, where ``kafka_backend`` is taken, the real broker):
+callbacks on the event loop's thread, close from the loop, cancellation at each await point,
+and a differential group with the sync Consumer and confluent-kafka's AIOConsumer."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+import time
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, TypeVar
+
+import confluent_kafka
+import confluent_kafka.aio
+import pytest
+
+from consumer_sdk import Consumer, KafkaException, MemberState, TopicPartition
+from consumer_sdk.aio import AIOConsumer, AIOGroupMember
+from consumer_sdk.testing import EmbeddedKafka, KafkaCluster
+from tests.runtime.harness import config
+
+T = TypeVar("T")
+Record = tuple[str, int, int]
+
+
+def run(coro: Coroutine[Any, Any, T], timeout: float = 90.0) -> T:
+    async def bounded() -> T:
+        async with asyncio.timeout(timeout):
+            return await coro
+
+    return asyncio.run(bounded())
+
+
+async def until(
+    condition: Callable[[], Any],
+    what: str,
+    timeout: float = 30.0,
+    state: Callable[[], object] = lambda: "",
+) -> Any:
+    """Poll ``condition`` on the event loop until it holds (bounded)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what} {state()}")
+        await asyncio.sleep(0.02)
+
+
+async def drive(step: Callable[[], Awaitable[Any]], stop: asyncio.Event) -> None:
+    """Call ``step`` (a poll) until ``stop`` is set."""
+    while not stop.is_set():
+        await step()
+
+
+def key(msg: confluent_kafka.Message) -> Record:
+    return (msg.topic(), msg.partition(), msg.offset())  # type: ignore[return-value]
+
+
+def test_callbacks_run_on_the_loop_thread_and_revoke_waits_for_the_coroutine(
+    embedded_kafka: EmbeddedKafka,
+) -> None:
+    """Coroutine callbacks run on the event loop's thread; a partition moves to the new member
+    only after the old owner's on_revoke coroutine (which commits inside) has returned."""
+    topic, group = "aio-cb", "aio-cb-g"
+    embedded_kafka.create_topic(topic, partitions=2)
+    embedded_kafka.produce(topic, [b"x"] * 20)
+
+    async def main() -> None:
+        loop_thread = threading.get_ident()
+        threads: set[int] = set()
+        revoke_done: list[float] = []
+        assigned_b: list[float] = []
+        committed_in_revoke: list[list[TopicPartition] | None] = []
+
+        async def on_assign_a(c: AIOConsumer, parts: list[TopicPartition]) -> None:
+            threads.add(threading.get_ident())
+
+        async def on_revoke_a(c: AIOConsumer, parts: list[TopicPartition]) -> None:
+            threads.add(threading.get_ident())
+            if not parts:
+                return
+            await asyncio.sleep(0.3)
+            committed_in_revoke.append(await c.commit(asynchronous=False))
+            revoke_done.append(time.monotonic())
+
+        def on_assign_b(c: AIOConsumer, parts: list[TopicPartition]) -> None:  # a plain function
+            threads.add(threading.get_ident())
+            if parts:
+                assigned_b.append(time.monotonic())
+
+        cfg = config(embedded_kafka, group, enable_auto_commit=False)
+        a = AIOConsumer(cfg)
+        got: list[Record] = []
+        await a.subscribe([topic], on_assign=on_assign_a, on_revoke=on_revoke_a)
+        while len(got) < 20:
+            got += [key(m) for m in await a.consume(50, 0.5)]
+        b = AIOConsumer(cfg)
+        await b.subscribe([topic], on_assign=on_assign_b)
+        stop = asyncio.Event()
+        tasks = [
+            asyncio.create_task(drive(lambda: a.poll(0.1), stop)),
+            asyncio.create_task(drive(lambda: b.poll(0.1), stop)),
+        ]
+        await until(lambda: assigned_b, "a partition moving to the second member")
+        stop.set()
+        await asyncio.gather(*tasks)
+        assert revoke_done and revoke_done[0] <= assigned_b[0]
+        assert committed_in_revoke and committed_in_revoke[0] is not None
+        assert threads == {loop_thread}
+        assert len(a.assignment()) == len(b.assignment()) == 1
+        await asyncio.gather(a.close(), b.close())
+        assert a.state is MemberState.UNSUBSCRIBED
+
+    run(main())
+
+
+def test_close_from_the_loop_never_blocks_it(embedded_kafka: EmbeddedKafka) -> None:
+    """While close() runs a slow on_revoke coroutine and sends the leave, other tasks on the
+    event loop keep running; the leave is sent."""
+    topic, group = "aio-close", "aio-close-g"
+    embedded_kafka.create_topic(topic, partitions=2)
+
+    async def main() -> None:
+        ticks = 0
+        closing = False
+        ticks_during_close = 0
+
+        async def ticker() -> None:
+            nonlocal ticks, ticks_during_close
+            while True:
+                await asyncio.sleep(0.005)
+                ticks += 1
+                if closing:
+                    ticks_during_close += 1
+
+        async def on_revoke(c: AIOConsumer, parts: list[TopicPartition]) -> None:
+            await asyncio.sleep(0.2)
+
+        c = AIOConsumer(config(embedded_kafka, group))
+        await c.subscribe([topic], on_revoke=on_revoke)
+        while not c.assignment():
+            await c.poll(0.1)
+        tick = asyncio.create_task(ticker())
+        closing = True
+        await c.close()
+        closing = False
+        tick.cancel()
+        assert c.state is MemberState.UNSUBSCRIBED
+        assert ticks_during_close >= 5, ticks_during_close
+        with pytest.raises(KafkaException, match="closed"):
+            await c.poll(0)
+
+    run(main())
+
+
+@pytest.mark.parametrize("mode", ["poll", "consume", "async_for"])
+def test_cancelling_record_calls_loses_and_commits_nothing_undelivered(
+    embedded_kafka: EmbeddedKafka, mode: str
+) -> None:
+    """Tasks reading records are cancelled at random moments (in the wait for records and
+    while records keep arriving): every record is delivered exactly once, in order, and the
+    auto-committed offsets are those of the last delivered record + 1."""
+    topic, group = f"aio-cancel-{mode}", f"aio-cancel-{mode}-g"
+    partitions, total = 2, 2000
+    embedded_kafka.create_topic(topic, partitions=partitions)
+
+    async def main() -> None:
+        async with AIOConsumer(config(embedded_kafka, group, auto_commit_interval_ms=50)) as c:
+            await c.subscribe([topic])
+            delivered: list[Record] = []
+            rng = random.Random(7)
+
+            async def read_once() -> None:
+                if mode == "poll":
+                    msg = await c.poll(0.5)
+                    if msg is not None:
+                        delivered.append(key(msg))
+                elif mode == "consume":
+                    delivered.extend(key(m) for m in await c.consume(rng.randint(1, 300), 0.5))
+                else:
+                    async for msg in c:
+                        delivered.append(key(msg))
+                        if rng.random() < 0.01:
+                            break
+
+            async def producer() -> None:
+                for i in range(10):
+                    await asyncio.to_thread(
+                        embedded_kafka.produce, topic, [f"{i}-{j}".encode() for j in range(200)]
+                    )
+                    await asyncio.sleep(0.05)
+
+            produce = asyncio.create_task(producer())
+            cancelled = 0
+            grew_at, seen = time.monotonic(), 0
+            while len(delivered) < total:
+                if len(delivered) > seen:
+                    grew_at, seen = time.monotonic(), len(delivered)
+                elif produce.done() and time.monotonic() - grew_at > 5:
+                    break  # nothing more is coming: the assertions below say what is missing
+                task = asyncio.create_task(read_once())
+                await asyncio.sleep(rng.choice([0, 0, 0.0005, 0.002, 0.01]))
+                if not task.done():
+                    task.cancel()
+                    cancelled += 1
+                await asyncio.wait([task])
+                if not task.cancelled():
+                    task.result()  # raises what the call raised
+            await produce
+            assert cancelled > 10
+            assert len(delivered) == len(set(delivered)) == total, "a record lost or repeated"
+            for p in range(partitions):
+                offsets = [o for t, q, o in delivered if q == p]
+                assert offsets == list(range(len(offsets))), f"partition {p} out of order or gaps"
+            last = {p: max(o for _, q, o in delivered if q == p) + 1 for p in range(partitions)}
+            tps = [TopicPartition(topic, p) for p in range(partitions)]
+
+            async def committed_matches() -> bool:
+                found = await c.committed(tps)
+                return {tp.partition: tp.offset for tp in found} == last
+
+            deadline = time.monotonic() + 10
+            while not await committed_matches():
+                assert time.monotonic() < deadline, (
+                    "auto-commit did not reach the delivered offsets"
+                )
+                await c.poll(0.05)
+
+    run(main())
+
+
+def test_cancelling_poll_during_on_assign_keeps_the_callback_and_records(
+    embedded_kafka: EmbeddedKafka,
+) -> None:
+    """A poll cancelled while its on_assign coroutine awaits: the callback runs to its end
+    (the member becomes STABLE), and the next poll gets every record from offset 0."""
+    topic, group = "aio-cancel-cb", "aio-cancel-cb-g"
+    embedded_kafka.create_topic(topic, partitions=1)
+    embedded_kafka.produce(topic, [b"r%d" % i for i in range(10)])
+
+    async def main() -> None:
+        entered = asyncio.Event()
+        finished: list[bool] = []
+
+        async def on_assign(c: AIOConsumer, parts: list[TopicPartition]) -> None:
+            entered.set()
+            await asyncio.sleep(0.3)
+            finished.append(True)
+
+        c = AIOConsumer(config(embedded_kafka, group))
+        await c.subscribe([topic], on_assign=on_assign)
+        task = asyncio.create_task(c.poll(10))
+        await entered.wait()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        got: list[int] = []
+        while len(got) < 10:
+            got += [m.offset() for m in await c.consume(10, 1.0)]  # type: ignore[misc]
+        assert finished == [True]
+        assert got == list(range(10))
+        await c.close()
+
+    run(main())
+
+
+def test_cancelled_sync_commit_and_close_still_complete(embedded_kafka: EmbeddedKafka) -> None:
+    """Cancelling an awaited synchronous commit does not take it back; cancelling close()
+    leaves it running to the end (the leave is sent)."""
+    topic, group = "aio-cancel-commit", "aio-cancel-commit-g"
+    embedded_kafka.create_topic(topic, partitions=1)
+    embedded_kafka.produce(topic, [b"x"] * 5)
+
+    async def main() -> None:
+        c = AIOConsumer(config(embedded_kafka, group, enable_auto_commit=False))
+        await c.subscribe([topic])
+        msgs: list[confluent_kafka.Message] = []
+        while len(msgs) < 5:
+            msgs += await c.consume(5, 1.0)
+        task = asyncio.create_task(c.commit(msgs[-1], asynchronous=False))
+        await asyncio.sleep(0)
+        task.cancel()
+        tp = [TopicPartition(topic, 0)]
+        while (await c.committed(tp))[0].offset != 5:
+            await asyncio.sleep(0.05)
+        closing = asyncio.create_task(c.close())
+        await asyncio.sleep(0.01)
+        closing.cancel()
+        await c.close()  # waits for the close under way
+        assert c.state is MemberState.UNSUBSCRIBED
+
+    run(main())
+
+
+def test_group_member_and_errors_match_the_sync_consumer(embedded_kafka: EmbeddedKafka) -> None:
+    """AIOGroupMember joins and leaves; errors are the sync Consumer's (a callback error
+    wrapped as _APPLICATION, STALE_MEMBER_EPOCH from a commit, the closed consumer)."""
+    topic, group = "aio-errors", "aio-errors-g"
+    embedded_kafka.create_topic(topic, partitions=1)
+    embedded_kafka.produce(topic, [b"x"] * 3)
+
+    async def main() -> None:
+        m = AIOGroupMember(config(embedded_kafka, group + "-m"))
+        await m.subscribe([topic])
+        while not m.assignment():
+            await m.poll(0.1)
+        assert m.member_epoch > 0 and m.metrics()["assigned-partitions"] == 1
+        await m.close()
+        assert m.state is MemberState.UNSUBSCRIBED
+
+        calls: list[int] = []
+
+        def boom_once(c: AIOConsumer, parts: list[TopicPartition]) -> None:
+            calls.append(len(parts))
+            if len(calls) == 1:
+                raise ValueError("boom")
+
+        async with AIOConsumer(config(embedded_kafka, group, enable_auto_commit=False)) as c:
+            await c.subscribe([topic], on_assign=boom_once)
+            with pytest.raises(KafkaException, match="on_assigned callback raised ValueError") as e:
+                while True:
+                    await c.poll(0.1)
+            assert e.value.args[0].code() == confluent_kafka.KafkaError._APPLICATION
+            msg = None
+            while msg is None:
+                msg = await c.poll(0.2)
+            assert len(calls) == 2  # the core retried on_assign
+            embedded_kafka.push_request_errors(8, [113])
+            with pytest.raises(KafkaException, match="STALE_MEMBER_EPOCH"):
+                await c.commit(msg, asynchronous=False)
+            done = await c.commit(msg, asynchronous=False)
+            assert done is not None and done[0].offset == msg.offset() + 1  # type: ignore[operator]
+        with pytest.raises(KafkaException, match="closed"):
+            await c.commit(asynchronous=False)
+
+    run(main())
+
+
+# -- differential: AIOConsumer, Consumer and confluent-kafka's AIOConsumer in one group --------
+
+
+class _Owned:
+    def __init__(self) -> None:
+        self.parts: set[tuple[str, int]] = set()
+        self.lost = 0
+
+    def assign(self, c: Any, parts: list[TopicPartition]) -> None:
+        self.parts |= {(tp.topic, tp.partition) for tp in parts}
+
+    def revoke(self, c: Any, parts: list[TopicPartition]) -> None:
+        self.parts -= {(tp.topic, tp.partition) for tp in parts}
+
+    def on_lost(self, c: Any, parts: list[TopicPartition]) -> None:
+        self.lost += 1
+        self.revoke(c, parts)
+
+    # confluent-kafka's AIOConsumer takes coroutine callbacks only
+    async def assign_async(self, c: Any, parts: list[TopicPartition]) -> None:
+        self.assign(c, parts)
+
+    async def revoke_async(self, c: Any, parts: list[TopicPartition]) -> None:
+        self.revoke(c, parts)
+
+    async def on_lost_async(self, c: Any, parts: list[TopicPartition]) -> None:
+        self.on_lost(c, parts)
+
+
+def test_differential_group_hand_over_commits_close(
+    kafka_backend: EmbeddedKafka | KafkaCluster,
+) -> None:
+    """The three clients share a topic: partitions are handed over without overlap as each
+    joins, each commits what it processed (visible to the others' committed()), and when each
+    closes its partitions move to the rest; every record is processed exactly once."""
+    topic, group = "aio-diff", "aio-diff-g"
+    partitions, per_round = 6, 300
+    kafka_backend.create_topic(topic, partitions=partitions)
+
+    async def main() -> None:
+        cfg = config(kafka_backend, group, enable_auto_commit=False)
+        owned = {"aio": _Owned(), "sync": _Owned(), "ck": _Owned()}
+        records: dict[str, list[Record]] = {name: [] for name in owned}
+
+        async def aio_revoke(c: AIOConsumer, parts: list[TopicPartition]) -> None:
+            if parts and records["aio"]:
+                with _suppress_no_offset():
+                    await c.commit(asynchronous=False)
+            owned["aio"].revoke(c, parts)
+
+        aio = AIOConsumer(cfg)
+        await aio.subscribe([topic], on_assign=owned["aio"].assign, on_revoke=aio_revoke)
+
+        sync = Consumer(cfg)
+        sync_lock = threading.Lock()
+        sync_thread: asyncio.Task[None] | None = None
+
+        def sync_revoke(c: Consumer, parts: list[TopicPartition]) -> None:
+            if parts and records["sync"]:
+                with _suppress_no_offset():
+                    c.commit(asynchronous=False)
+            owned["sync"].revoke(c, parts)
+
+        ck = confluent_kafka.aio.AIOConsumer({**cfg, "group.protocol": "consumer"})
+
+        async def ck_revoke(c: Any, parts: list[TopicPartition]) -> None:
+            if parts and records["ck"]:
+                with _suppress_no_offset():
+                    await c.commit(asynchronous=False)
+            owned["ck"].revoke(c, parts)
+
+        stop = {name: threading.Event() for name in owned}
+
+        def state() -> object:
+            return {n: (sorted(o.parts), len(records[n])) for n, o in owned.items()}
+
+        async def run_aio() -> None:
+            while not stop["aio"].is_set():
+                for m in await aio.consume(100, 0.1):
+                    if m.error() is None:
+                        records["aio"].append(key(m))
+            await aio.close()
+
+        def run_sync() -> None:
+            with sync_lock:
+                sync.subscribe([topic], on_assign=owned["sync"].assign, on_revoke=sync_revoke)
+                while not stop["sync"].is_set():
+                    for m in sync.consume(100, 0.1):
+                        if m.error() is None:
+                            records["sync"].append(key(m))
+                sync.close()
+
+        async def run_ck() -> None:
+            await ck.subscribe(
+                [topic], on_assign=owned["ck"].assign_async, on_revoke=ck_revoke, on_lost=ck_revoke
+            )
+            while not stop["ck"].is_set():
+                for m in await ck.consume(100, 0.1):
+                    if m.error() is None:
+                        records["ck"].append(key(m))
+            await ck.close()
+
+        def total() -> int:
+            return sum(len(r) for r in records.values())
+
+        def disjoint_cover(names: list[str]) -> bool:
+            sets = [owned[n].parts for n in names]
+            return sum(map(len, sets)) == partitions and all(sets)
+
+        tasks = [asyncio.create_task(run_aio())]
+        produced = 0
+
+        async def produce_round() -> None:
+            nonlocal produced
+            await asyncio.to_thread(kafka_backend.produce, topic, [b"r"] * per_round)
+            produced += per_round
+
+        try:
+            await produce_round()
+            await until(lambda: total() == produced, "the first member consuming", 60, state)
+            sync_thread = asyncio.create_task(asyncio.to_thread(run_sync))
+            tasks.append(asyncio.create_task(run_ck()))
+            await until(
+                lambda: disjoint_cover(["aio", "sync", "ck"]), "a three-way split", 60, state
+            )
+            await produce_round()
+            await until(lambda: total() == produced, "all three consuming", 60, state)
+            # What the AIOConsumer committed is what it processed.
+            await aio.commit(asynchronous=False)
+            tps = [TopicPartition(topic, p) for p in range(partitions)]
+            found = {tp.partition: tp.offset for tp in await aio.committed(tps)}
+            for p in {p for _, p in owned["aio"].parts}:
+                assert found[p] == 1 + max(o for _, q, o in records["aio"] if q == p)
+            # close, one by one: partitions move to the rest, nothing processed twice
+            for leaving, rest in (("ck", ["aio", "sync"]), ("sync", ["aio"])):
+                stop[leaving].set()
+                if leaving == "sync":
+                    await sync_thread
+                await until(
+                    lambda r=rest: disjoint_cover(r),  # type: ignore[misc]
+                    f"{leaving}'s partitions moving",
+                    60,
+                    state,
+                )
+                await produce_round()
+                await until(lambda: total() == produced, "the rest consuming", 60, state)
+        finally:
+            for event in stop.values():
+                event.set()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            if sync_thread is not None:
+                await asyncio.gather(sync_thread, return_exceptions=True)
+        everything = [r for rs in records.values() for r in rs]
+        assert len(everything) == len(set(everything)) == produced, "a record processed twice"
+
+    run(main(), timeout=240)
+
+
+class _suppress_no_offset:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, t: Any, exc: BaseException | None, tb: Any) -> bool:
+        return (
+            isinstance(exc, KafkaException)
+            and exc.args[0].code() == confluent_kafka.KafkaError._NO_OFFSET
+        )
+
+
+def test_differential_fencing(embedded_kafka: EmbeddedKafka) -> None:
+    """Each of the three clients, fenced by its heartbeat (FENCED_MEMBER_EPOCH), loses its
+    partitions (on_lost) and rejoins; the group ends covering the topic again."""
+    topic, group = "aio-fence", "aio-fence-g"
+    embedded_kafka.create_topic(topic, partitions=3)
+
+    async def main() -> None:
+        cfg = config(embedded_kafka, group)
+        owned = {"aio": _Owned(), "sync": _Owned(), "ck": _Owned()}
+        aio = AIOConsumer(cfg)
+        await aio.subscribe(
+            [topic],
+            on_assign=owned["aio"].assign,
+            on_revoke=owned["aio"].revoke,
+            on_lost=owned["aio"].on_lost,
+        )
+        sync = Consumer(cfg)
+        sync.subscribe(
+            [topic],
+            on_assign=owned["sync"].assign,
+            on_revoke=owned["sync"].revoke,
+            on_lost=owned["sync"].on_lost,
+        )
+        ck = confluent_kafka.aio.AIOConsumer({**cfg, "group.protocol": "consumer"})
+        await ck.subscribe(
+            [topic],
+            on_assign=owned["ck"].assign_async,
+            on_revoke=owned["ck"].revoke_async,
+            on_lost=owned["ck"].on_lost_async,
+        )
+        stop = threading.Event()
+
+        def sync_loop() -> None:
+            while not stop.is_set():
+                sync.poll(0.05)
+
+        async def aio_loop() -> None:
+            while not stop.is_set():
+                await aio.poll(0.05)
+
+        async def ck_loop() -> None:
+            while not stop.is_set():
+                await ck.poll(0.05)
+
+        loops = [
+            asyncio.create_task(asyncio.to_thread(sync_loop)),
+            asyncio.create_task(aio_loop()),
+            asyncio.create_task(ck_loop()),
+        ]
+        names = list(owned)
+
+        def covered() -> bool:
+            return sum(len(o.parts) for o in owned.values()) == 3 and all(
+                o.parts for o in owned.values()
+            )
+
+        def state() -> object:
+            return {n: (sorted(o.parts), o.lost) for n, o in owned.items()}
+
+        try:
+            await until(covered, "each client owning a partition", 60, state)
+            # The error goes to whichever heartbeat comes next: one at a time until each
+            # client has been fenced at least once.
+            for _ in range(40):
+                if all(owned[n].lost > 0 for n in names):
+                    break
+                before = sum(o.lost for o in owned.values())
+                embedded_kafka.push_request_errors(68, [110])
+                await until(
+                    lambda b=before: sum(o.lost for o in owned.values()) > b,  # type: ignore[misc]
+                    "a client fenced",
+                    30,
+                    state,
+                )
+                await until(covered, "the group covering the topic again", 60, state)
+            assert all(owned[n].lost > 0 for n in names), state()
+            await until(covered, "the group covering the topic again", 60, state)
+        finally:
+            stop.set()
+            await asyncio.gather(*loops, return_exceptions=True)
+            await asyncio.gather(
+                aio.close(), ck.close(), asyncio.to_thread(sync.close), return_exceptions=True
+            )
+
+    run(main(), timeout=150)
