@@ -12,7 +12,7 @@ from __future__ import annotations
 import enum
 import logging
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -350,6 +350,12 @@ class _Pending:
     epoch: int = -1  # the member epoch when the commit was made (used once the member left)
     releasing: frozenset[Partition] = frozenset()
     dropped: dict[Partition, int] = field(default_factory=dict)
+    sent_epoch: int = -1  # the member epoch the last attempt carried
+    # A SYNC commit refused with STALE_MEMBER_EPOCH at this epoch: it goes out again only
+    # under a newer epoch and only while every partition in it is still owned, else fails.
+    refused_epoch: int | None = None
+    refused_at_ms: int = 0
+    refused_detail: str = ""
 
 
 class CommitRequestManager:
@@ -463,6 +469,12 @@ class CommitRequestManager:
     def coordinator_needed(self) -> bool:
         return bool(self._queue)
 
+    @property
+    def awaiting_epoch(self) -> bool:
+        """A commit refused as stale waits for a newer member epoch (any heartbeat answer
+        should run the host)."""
+        return any(p.refused_epoch is not None for p in self._queue)
+
     def drain_completed(self) -> list[CommitResult]:
         out, self._completed = self._completed, []
         return out
@@ -470,16 +482,31 @@ class CommitRequestManager:
     # -- network side --------------------------------------------------------------------
 
     def poll(
-        self, now_ms: int, member_id: str, member_epoch: int, coordinator_known: bool
+        self,
+        now_ms: int,
+        member_id: str,
+        member_epoch: int,
+        coordinator_known: bool,
+        *,
+        owned: Callable[[], Collection[Partition]] | None = None,
+        epoch_wait_ms: int = 0,
     ) -> list[OffsetCommitSend]:
+        """The commits to send now. ``owned``: the partitions the member holds and is not
+        revoking (asked only for a refused commit, see `_Pending.refused_epoch`);
+        ``epoch_wait_ms``: how long such a commit waits for a newer epoch before it fails."""
         self._expire(now_ms)
         if not coordinator_known:
             return []
         sends = []
-        for p in self._queue:
+        for p in list(self._queue):
             if p.in_flight or now_ms < p.retry_at_ms:
                 continue
+            if p.refused_epoch is not None and not self._retry_refused(
+                p, now_ms, member_epoch, owned, epoch_wait_ms
+            ):
+                continue
             epoch = member_epoch if member_epoch > 0 else (p.epoch if p.epoch > 0 else -1)
+            p.sent_epoch = epoch
             p.in_flight = True
             p.attempts += 1
             request = OffsetCommitRequest(
@@ -501,9 +528,55 @@ class CommitRequestManager:
             wait = min(wait, max(0, self._next_auto_ms - now_ms))
         for p in self._queue:
             wait = min(wait, max(0, p.deadline_ms - now_ms))
+            if p.refused_epoch is not None:  # waits for a newer epoch: a heartbeat answer
+                continue
             if not p.in_flight and coordinator_known:
                 wait = min(wait, max(0, p.retry_at_ms - now_ms))
         return wait
+
+    def _retry_refused(
+        self,
+        p: _Pending,
+        now_ms: int,
+        member_epoch: int,
+        owned: Callable[[], Collection[Partition]] | None,
+        epoch_wait_ms: int,
+    ) -> bool:
+        """Whether a commit refused as stale goes out again now; fails it where it cannot.
+
+        The broker refused the epoch because it has given the member a newer one (a new
+        assignment on its way). Under that epoch the same offsets are still this member's to
+        commit as long as it holds every partition and is not revoking any: a revocation is
+        acknowledged only after it, so no other member can own them yet. Nothing of that
+        holds once a partition is being given up, so such a commit fails, as it would at
+        once in the Java client."""
+        assert p.refused_epoch is not None
+        if member_epoch <= p.refused_epoch:
+            if now_ms - p.refused_at_ms < epoch_wait_ms:
+                return False  # the heartbeat answer that brings the newer epoch runs us again
+            self._finish(
+                p,
+                int(E.STALE_MEMBER_EPOCH),
+                f"{p.refused_detail} (no newer member epoch came within {epoch_wait_ms} ms)",
+            )
+            return False
+        held = owned() if owned is not None else ()
+        if not all(key in held for key in p.offsets):
+            self._finish(
+                p,
+                int(E.STALE_MEMBER_EPOCH),
+                f"{p.refused_detail} (not retried: a partition is no longer this member's)",
+            )
+            return False
+        log.debug(
+            "group %s: commit %d refused at epoch %d; retrying at epoch %d",
+            self.group_id,
+            p.commit_id,
+            p.refused_epoch,
+            member_epoch,
+        )
+        p.refused_epoch = None
+        return True
 
     def _find(self, commit_id: int) -> _Pending | None:
         for p in self._queue:
@@ -564,6 +637,9 @@ class CommitRequestManager:
         return failure.kind in (FailureKind.DISCONNECTED, FailureKind.TIMEOUT)
 
     def _retry_or_fail(self, now_ms: int, p: _Pending, code: int, detail: str) -> None:
+        if p.kind is CommitKind.SYNC and code == E.STALE_MEMBER_EPOCH and p.sent_epoch > 0:
+            p.refused_epoch, p.refused_at_ms, p.refused_detail = p.sent_epoch, now_ms, detail
+            return
         retriable = code in COMMIT_RETRIABLE or (
             p.kind is CommitKind.REBALANCE and code == E.STALE_MEMBER_EPOCH
         )
@@ -586,6 +662,13 @@ class CommitRequestManager:
     def _expire(self, now_ms: int) -> None:
         for p in list(self._queue):
             if not p.in_flight and now_ms >= p.deadline_ms:
+                if p.refused_epoch is not None:
+                    self._finish(
+                        p,
+                        int(E.STALE_MEMBER_EPOCH),
+                        f"{p.refused_detail} (no newer member epoch before the commit timeout)",
+                    )
+                    continue
                 self._finish(
                     p,
                     int(E.REQUEST_TIMED_OUT),

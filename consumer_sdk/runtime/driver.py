@@ -436,7 +436,15 @@ class MemberDriver:
         commits_active = auto or commits.pending > 0
         if commits_active:
             member_id, epoch = core.member_id, core.member_epoch
-            for c in commits.poll(now, member_id, epoch, known is not None):
+            for c in commits.poll(
+                now,
+                member_id,
+                epoch,
+                known is not None,
+                owned=self._owned,
+                # a commit refused as stale waits this long for the newer epoch's heartbeat
+                epoch_wait_ms=2 * core.heartbeat_interval_ms,
+            ):
                 self._commit_sent_ms[c.commit_id] = now
                 self._send(Api.OFFSET_COMMIT, c.request, known, c.commit_id)
         if known is not None and self._fetches:
@@ -463,6 +471,10 @@ class MemberDriver:
             wait = min(wait, commits.time_until_next_poll(now, known is not None, _IDLE_MS))
         self._collect_commits()
         return wait
+
+    def _owned(self) -> frozenset[Partition]:
+        """The partitions the member holds and is not giving up."""
+        return self.core.assigned_partitions - self.core.pending_revocation
 
     def _send(self, api: Api, payload: Any, coordinator: Coordinator | None, tag: int = 0) -> None:
         self.transport.send(Outbound(api, payload, coordinator, self._timeout_ms(False), tag))
@@ -624,6 +636,7 @@ class MemberDriver:
             and core.state is MemberState.STABLE
             and not core.app_events
             and not core.background_events
+            and not self.commits.awaiting_epoch
         )
         if quiet:
             wait_ms = core.time_until_next_poll(now)

@@ -165,17 +165,60 @@ def test_sync_commit_retries_retriable_errors_until_deadline() -> None:
     assert done.ok and done.committed == {("t", 0): 5, ("t", 1): 6}
 
 
-def test_sync_commit_fails_on_stale_epoch_but_rebalance_commit_retries_it() -> None:
+def test_rebalance_commit_retries_a_stale_epoch_with_backoff() -> None:
     cm = CommitRequestManager("g", None, backoff())
-    a = cm.commit(0, {("t", 0): Off(5)}, CommitKind.SYNC)
     b = cm.commit(0, {("t", 1): Off(5)}, CommitKind.REBALANCE)
     cm.poll(0, "m", 1, True)
-    cm.on_response(1, a, results(E.STALE_MEMBER_EPOCH, ("t", 0)))
     cm.on_response(1, b, results(E.STALE_MEMBER_EPOCH, ("t", 1)))
+    assert cm.drain_completed() == []
+    (retry,) = cm.poll(200, "m", 2, True)
+    assert retry.commit_id == b and retry.request.member_epoch == 2
+
+
+def _refused_sync_commit(cm: CommitRequestManager) -> int:
+    """A sync commit of t[0] and t[1] sent at epoch 1 and refused as stale."""
+    a = cm.commit(0, {("t", 0): Off(5), ("t", 1): Off(6)}, CommitKind.SYNC, timeout_ms=30_000)
+    (sent,) = cm.poll(0, "m", 1, True)
+    assert sent.request.member_epoch == 1
+    cm.on_response(1, a, results(E.STALE_MEMBER_EPOCH, ("t", 0), ("t", 1)))
+    assert cm.drain_completed() == [] and cm.awaiting_epoch
+    return a
+
+
+def test_sync_commit_refused_as_stale_goes_out_again_under_the_newer_epoch() -> None:
+    cm = CommitRequestManager("g", None, backoff())
+    a = _refused_sync_commit(cm)
+    held = frozenset({("t", 0), ("t", 1), ("t", 2)})
+    # Not resent under the refused epoch, and no busy wait for the newer one.
+    assert cm.poll(100, "m", 1, True, owned=lambda: held, epoch_wait_ms=1000) == []
+    assert cm.time_until_next_poll(100, True, 5000) == 5000
+    (retry,) = cm.poll(400, "m", 2, True, owned=lambda: held, epoch_wait_ms=1000)
+    assert retry.commit_id == a and retry.request.member_epoch == 2
+    assert [(o.partition, o.offset) for o in retry.request.offsets] == [(0, 5), (1, 6)]
+    cm.on_response(401, a, results(0, ("t", 0), ("t", 1)))
+    (done,) = cm.drain_completed()
+    assert done.ok and done.committed == {("t", 0): 5, ("t", 1): 6}
+
+
+def test_sync_commit_refused_as_stale_fails_once_a_partition_is_being_given_up() -> None:
+    cm = CommitRequestManager("g", None, backoff())
+    a = _refused_sync_commit(cm)
+    assert cm.poll(400, "m", 2, True, owned=lambda: {("t", 0)}, epoch_wait_ms=1000) == []
     (done,) = cm.drain_completed()
     assert done.commit_id == a and done.error_code == E.STALE_MEMBER_EPOCH
-    (retry,) = cm.poll(200, "m", 2, True)
-    assert retry.commit_id == b
+    assert "no longer this member's" in done.error_message
+
+
+def test_sync_commit_refused_as_stale_fails_when_no_newer_epoch_comes() -> None:
+    cm = CommitRequestManager("g", None, backoff())
+    a = _refused_sync_commit(cm)
+    held = frozenset({("t", 0), ("t", 1)})
+    assert cm.poll(900, "m", 1, True, owned=lambda: held, epoch_wait_ms=1000) == []
+    assert cm.drain_completed() == []
+    assert cm.poll(1001, "m", 1, True, owned=lambda: held, epoch_wait_ms=1000) == []
+    (done,) = cm.drain_completed()
+    assert done.commit_id == a and done.error_code == E.STALE_MEMBER_EPOCH
+    assert "no newer member epoch" in done.error_message and not cm.awaiting_epoch
 
 
 def test_sync_commit_gives_up_at_deadline_and_unsent_commit_expires() -> None:

@@ -151,8 +151,8 @@ def test_fenced_member_commits_with_epoch_minus_one(embedded_kafka_factory: Any)
     sent: list[int] = []
     real = member._net.commits.poll
 
-    def spy(*args: Any) -> Any:
-        sends = real(*args)
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        sends = real(*args, **kwargs)
         sent.extend(s.request.member_epoch for s in sends)
         return sends
 
