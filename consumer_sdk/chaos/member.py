@@ -98,6 +98,8 @@ class ChaosMember:
             "enable.auto.commit": False,
             "client.id": self.args.name,
         }
+        if getattr(self.args, "instance_id", None):
+            conf["group.instance.id"] = self.args.instance_id
         if self.impl == "sdk":
             conf["socket.timeout.ms"] = 10_000
         else:
@@ -278,6 +280,7 @@ def member_main(argv: list[str], member_class: type[ChaosMember] = ChaosMember) 
     parser.add_argument("--topic", required=True)
     parser.add_argument("--log", required=True)
     parser.add_argument("--close-timeout", type=float, default=10.0)
+    parser.add_argument("--instance-id", default=None, help="group.instance.id (static member)")
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.WARNING,

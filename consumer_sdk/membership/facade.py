@@ -164,6 +164,24 @@ class GroupMembership:
     def heartbeat_interval_ms(self) -> int:
         return self._heartbeat.timing.interval_ms
 
+    @property
+    def session_timeout_ms(self) -> int:
+        """The group's session timeout: as the broker reported it (`set_session_timeout`),
+        else the broker's default."""
+        return self._heartbeat.effective_session_timeout_ms
+
+    def set_session_timeout(self, session_timeout_ms: int) -> None:
+        """The broker told the group's ``group.consumer.session.timeout.ms``."""
+        self._heartbeat.session_timeout_ms = session_timeout_ms
+
+    @property
+    def confirmed_sent_ms(self) -> int | None:
+        """When the last heartbeat answered without error was sent; None outside a group
+        (unsubscribed, or never answered). See `consumer_sdk.membership.stall`."""
+        if self._manager.state is MemberState.UNSUBSCRIBED:
+            return None
+        return self._heartbeat.confirmed_sent_ms
+
     # ------------------------------------------------------------------------------------------
     # Application side
     # ------------------------------------------------------------------------------------------

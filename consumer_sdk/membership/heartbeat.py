@@ -22,6 +22,7 @@ from consumer_sdk.membership._log import LOGGER
 from consumer_sdk.membership.manager import MembershipManager
 from consumer_sdk.membership.metrics import MembershipMetrics
 from consumer_sdk.membership.reconciler import LocalAssignment
+from consumer_sdk.membership.stall import DEFAULT_SESSION_TIMEOUT_MS, unreleased_retry_deadline_ms
 from consumer_sdk.membership.state import HEARTBEAT_NOW, LEAVING_STATES, NOT_IN_GROUP, MemberState
 
 S = MemberState
@@ -201,6 +202,12 @@ class HeartbeatRequestManager:
         # The generation whose join heartbeat was answered without an assignment: its next
         # join heartbeat waits for the interval instead of going out at once.
         self._join_answered: int | None = None
+        #: The group's session timeout as the broker reported it (None: not known yet).
+        self.session_timeout_ms: int | None = None
+        # When the last heartbeat answered without error was sent (see membership.stall).
+        self._confirmed_sent_ms: int | None = None
+        # When a join was first refused with UNRELEASED_INSTANCE_ID in this episode.
+        self._unreleased_since_ms: int | None = None
 
     # ------------------------------------------------------------------------------------------
     # Views
@@ -213,6 +220,16 @@ class HeartbeatRequestManager:
     @property
     def coordinator_known(self) -> bool:
         return self._coordinator_known
+
+    @property
+    def confirmed_sent_ms(self) -> int | None:
+        """When the last heartbeat answered without error was sent (None: none yet)."""
+        return self._confirmed_sent_ms
+
+    @property
+    def effective_session_timeout_ms(self) -> int:
+        """The session timeout the broker reported, else the broker's default."""
+        return self.session_timeout_ms or DEFAULT_SESSION_TIMEOUT_MS
 
     @property
     def coordinator_needed(self) -> bool:
@@ -486,6 +503,10 @@ class HeartbeatRequestManager:
             if response.heartbeat_interval_ms > 0:
                 self._timing.update_interval(response.heartbeat_interval_ms, record.sent_ms)
             self._timing.on_success(now_ms)
+            if record.kind is _Kind.REGULAR:
+                self._unreleased_since_ms = None
+                if self._confirmed_sent_ms is None or record.sent_ms > self._confirmed_sent_ms:
+                    self._confirmed_sent_ms = record.sent_ms
             if stale:
                 m.log.debug("Ignoring a heartbeat response from an earlier membership")
             else:
@@ -557,14 +578,48 @@ class HeartbeatRequestManager:
             m.log.info("Ignoring %s: the member already left the group", name)
         elif stale:
             m.log.warning("Ignoring %s for a heartbeat of an earlier membership %s", name, detail)
+        elif code == E.UNRELEASED_INSTANCE_ID and self._retry_unreleased(now_ms):
+            self._log_episode(
+                "Join refused with %s: the broker still counts an earlier incarnation of "
+                "group.instance.id %r; retrying with backoff until it can have expired "
+                "(%d ms left) %s",
+                name,
+                m.config.group_instance_id,
+                self._unreleased_left_ms(now_ms),
+                detail,
+            )
         else:
             m.log.error("Heartbeat failed with fatal error %s %s", name, detail)
+            if code == E.UNRELEASED_INSTANCE_ID and self._unreleased_since_ms is not None:
+                detail = (
+                    f"group.instance.id {m.config.group_instance_id!r} is still in use by a "
+                    f"live member: joins were refused for "
+                    f"{now_ms - self._unreleased_since_ms} ms, longer than the group's session "
+                    f"timeout ({self.effective_session_timeout_ms} ms), so it is not an "
+                    f"incarnation that crashed. {detail}"
+                ).rstrip()
             message = _fatal_message(code, detail)
             subscription = m.subscription_fields
             if code == E.INVALID_REGULAR_EXPRESSION and subscription and subscription[1]:
                 message = f"subscription pattern {subscription[1]!r}: {message}"
             m.transition_to_fatal(now_ms, code, message)
         m.on_heartbeat_failure(now_ms, retriable=False)
+
+    def _unreleased_left_ms(self, now_ms: int) -> int:
+        assert self._unreleased_since_ms is not None
+        deadline = unreleased_retry_deadline_ms(
+            self._unreleased_since_ms, self.effective_session_timeout_ms, self._timing.interval_ms
+        )
+        return deadline - now_ms
+
+    def _retry_unreleased(self, now_ms: int) -> bool:
+        """A join refused with UNRELEASED_INSTANCE_ID is retried (the member stays JOINING,
+        owning nothing) until the broker can have expired a crashed incarnation."""
+        if self._m.state is not S.JOINING or not self._m.config.is_static:
+            return False
+        if self._unreleased_since_ms is None:
+            self._unreleased_since_ms = now_ms
+        return self._unreleased_left_ms(now_ms) > 0
 
     def on_failure(
         self, now_ms: int, failure: Failure, request: HeartbeatRequest | None = None

@@ -20,6 +20,8 @@ from kio.schema.consumer_group_heartbeat.v0 import request as hb_req_v0
 from kio.schema.consumer_group_heartbeat.v0 import response as hb_resp_v0
 from kio.schema.consumer_group_heartbeat.v1 import request as hb_req_v1
 from kio.schema.consumer_group_heartbeat.v1 import response as hb_resp_v1
+from kio.schema.describe_configs.v4 import request as dc_req_v4
+from kio.schema.describe_configs.v4 import response as dc_resp_v4
 from kio.schema.find_coordinator.v3 import request as fc_req_v3
 from kio.schema.find_coordinator.v3 import response as fc_resp_v3
 from kio.schema.find_coordinator.v4 import request as fc_req_v4
@@ -75,6 +77,7 @@ from consumer_sdk.domain import (
 __all__ = [
     "API_CONSUMER_GROUP_DESCRIBE",
     "API_CONSUMER_GROUP_HEARTBEAT",
+    "API_DESCRIBE_CONFIGS",
     "API_FIND_COORDINATOR",
     "API_LIST_GROUPS",
     "API_LIST_OFFSETS",
@@ -94,7 +97,9 @@ API_METADATA = 3
 API_FIND_COORDINATOR = 10
 API_CONSUMER_GROUP_HEARTBEAT = 68
 API_CONSUMER_GROUP_DESCRIBE = 69
+API_DESCRIBE_CONFIGS = 32
 API_NAMES = {
+    API_DESCRIBE_CONFIGS: "DescribeConfigs",
     API_METADATA: "Metadata",
     API_OFFSET_COMMIT: "OffsetCommit",
     API_OFFSET_FETCH: "OffsetFetch",
@@ -134,6 +139,7 @@ _OF = {
 _CGD = {0: (cgd_req_v0, cgd_resp_v0), 1: (cgd_req_v1, cgd_resp_v1)}
 _LG = {5: (lg_req_v5, lg_resp_v5)}
 _LO = {7: (lo_req_v7, lo_resp_v7), 8: (lo_req_v8, lo_resp_v8), 9: (lo_req_v9, lo_resp_v9)}
+_DC = {4: (dc_req_v4, dc_resp_v4)}
 
 #: Versions this SDK implements, per API key (the highest one the broker also has is used).
 SUPPORTED_VERSIONS: dict[int, tuple[int, ...]] = {
@@ -145,6 +151,7 @@ SUPPORTED_VERSIONS: dict[int, tuple[int, ...]] = {
     API_CONSUMER_GROUP_DESCRIBE: tuple(_CGD),
     API_LIST_GROUPS: tuple(_LG),
     API_LIST_OFFSETS: tuple(_LO),
+    API_DESCRIBE_CONFIGS: tuple(_DC),
 }
 
 
@@ -504,3 +511,44 @@ def list_offsets_from_kio(resp: Any) -> dict[tuple[str, int], tuple[int, int]]:
         for t in resp.topics
         for p in t.partitions
     }
+
+
+# -- DescribeConfigs (the group's session timeout) ------------------------------------------
+
+#: ConfigResource.Type GROUP (KIP-848 group configurations, Apache Kafka 3.9+).
+_RESOURCE_GROUP = 32
+GROUP_SESSION_TIMEOUT_KEY = "consumer.session.timeout.ms"
+
+
+def group_session_timeout_call(group_id: str, version: int) -> Call:
+    """DescribeConfigs of the group's ``consumer.session.timeout.ms`` (the group's own value,
+    else the broker's ``group.consumer.session.timeout.ms``: what the coordinator fences the
+    member by)."""
+    request_mod, response_mod = _DC[version]
+    return (
+        request_mod.DescribeConfigsRequest(
+            resources=(
+                request_mod.DescribeConfigsResource(
+                    resource_type=i8(_RESOURCE_GROUP),
+                    resource_name=group_id,
+                    configuration_keys=(GROUP_SESSION_TIMEOUT_KEY,),
+                ),
+            ),
+        ),
+        response_mod.DescribeConfigsResponse,
+    )
+
+
+def group_session_timeout_from_kio(resp: Any) -> int | None:
+    """The session timeout in ms, or None if the broker did not say (an error, no value)."""
+    for result in resp.results:
+        if int(result.error_code) != 0:
+            return None
+        for entry in result.configs:
+            if entry.name == GROUP_SESSION_TIMEOUT_KEY and entry.value:
+                try:
+                    value = int(entry.value)
+                except ValueError:
+                    return None
+                return value if value > 0 else None
+    return None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -115,12 +116,19 @@ class Consumer(GroupMember):
             raise
         if self._fetcher.wakeable:
             self._net.app_waker = self._fetcher.wake
+        self._fetcher.set_gate(self._handout_until)
         self._store_lock = threading.Lock()
         # Offsets stored with store_offsets() (enable.auto.offset.store=false): what
         # auto-commit and commit() without arguments commit.
         self._stored: dict[Partition, OffsetAndMetadata] = {}
 
     # -- records ----------------------------------------------------------------------------
+
+    def _handout_until(self) -> float:
+        """(application thread) Until when (monotonic s) the fetcher may hand records out:
+        one session after the last confirmed heartbeat (`consumer_sdk.membership.stall`)."""
+        deadline = self._net.snapshot.handout_deadline_ms
+        return math.inf if deadline is None else deadline / 1000
 
     def poll(self, timeout: float | None = None) -> Message | None:
         """One record or error event within ``timeout`` seconds, else None.

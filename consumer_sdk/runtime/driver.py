@@ -56,6 +56,7 @@ from consumer_sdk.membership.requests import (
     MetadataManager,
     OffsetLike,
 )
+from consumer_sdk.membership.stall import handout_deadline_ms
 
 __all__ = [
     "Api",
@@ -95,6 +96,8 @@ class Api(enum.Enum):
     METADATA = "Metadata"
     OFFSET_COMMIT = "OffsetCommit"
     OFFSET_FETCH = "OffsetFetch"
+    #: DescribeConfigs of the group's session timeout (payload: the group id)
+    GROUP_SESSION_TIMEOUT = "DescribeConfigs"
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -188,6 +191,9 @@ class MemberSnapshot(NamedTuple):
     last_heartbeat_response_ms: int | None = None
     events_taken: int = 0
     commits_taken: int = 0
+    #: records may be handed out until then (host clock, ms; None: no bound), see
+    #: `consumer_sdk.membership.stall`
+    handout_deadline_ms: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -315,6 +321,8 @@ class MemberDriver:
         self._hb_conn: Hashable | None = None
         # The coordinator the last heartbeat went to (see `_coordinator_found`).
         self._hb_target: tuple[int, str, int] | None = None
+        # The group's session timeout is asked once (DescribeConfigs), again after a failure.
+        self._session_asked = False
         self.stopped = False
 
     def snapshot(self, events_taken: int = 0, commits_taken: int = 0) -> MemberSnapshot:
@@ -333,6 +341,7 @@ class MemberDriver:
             core.metrics.last_heartbeat_response_ms,
             events_taken,
             commits_taken,
+            handout_deadline_ms(core.confirmed_sent_ms, core.session_timeout_ms),
         )
 
     # -- application events (the host calls these on the driver's thread) ---------------------
@@ -504,6 +513,9 @@ class MemberDriver:
         assert found is not None
         target = (found.node_id, found.host, found.port)
         self.core.on_coordinator_known(now, self._hb_target not in (None, target))
+        if not self._session_asked:
+            self._session_asked = True
+            self._send(Api.GROUP_SESSION_TIMEOUT, self.core.group_id, None)
 
     def _coordinator_conn(self) -> Hashable | None:
         coordinator = self.coordinator.coordinator
@@ -585,6 +597,8 @@ class MemberDriver:
             self._on_fetch(request.tag, response, None)
         elif api is Api.FIND_COORDINATOR:
             self._on_coordinator(now, response, None)
+        elif api is Api.GROUP_SESSION_TIMEOUT:
+            self._on_session_timeout(response, None)
         else:
             self._on_metadata(now, response, None)
         return 0
@@ -600,6 +614,8 @@ class MemberDriver:
             self._on_fetch(request.tag, None, failure)
         elif api is Api.FIND_COORDINATOR:
             self._on_coordinator(now, None, failure)
+        elif api is Api.GROUP_SESSION_TIMEOUT:
+            self._on_session_timeout(None, failure)
         else:
             self._on_metadata(now, None, failure)
         return 0
@@ -683,6 +699,19 @@ class MemberDriver:
         events = self.core.background_events
         if not any(isinstance(e, ErrorEvent) and e.message == message for e in list(events)):
             events.append(ErrorEvent(code, message, fatal=False))
+
+    def _on_session_timeout(self, result: int | None, failure: Failure | None) -> None:
+        """The group's session timeout (the bound of `consumer_sdk.membership.stall`)."""
+        if result is not None:
+            self.core.set_session_timeout(result)
+        elif failure is not None and failure.kind.retriable:
+            self._session_asked = False  # asked again when a coordinator is found
+        log.debug(
+            "group %s: session timeout %d ms (%s)",
+            self.core.group_id,
+            self.core.session_timeout_ms,
+            "from the broker" if result is not None else f"default; {failure or 'not given'}",
+        )
 
     def _on_metadata(
         self, now: int, result: ClusterMetadata | None, failure: Failure | None

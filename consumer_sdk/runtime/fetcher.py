@@ -42,9 +42,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import threading
+import time
 from collections import deque
-from collections.abc import Collection, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from typing import Any
 
 from confluent_kafka import (
@@ -65,6 +67,7 @@ log = logging.getLogger("consumer_sdk.runtime")
 
 Partition = tuple[str, int]
 
+_monotonic = time.monotonic
 _TOPIC = Message.topic
 _PARTITION = Message.partition
 _ERROR = Message.error
@@ -77,6 +80,9 @@ POLL_BATCH = 256
 #: The longest a bounded reader (the network loop's auto-commit) waits for a batch being
 #: returned by librdkafka on the application thread (such a call lasts one fetch slice).
 _READ_WAIT_S = 0.1
+
+#: How soon the gate is asked again while it sets no bound (see `Fetcher.set_gate`).
+_GATE_RECHECK_S = 0.1
 
 # A buffered record: its partition (None for an error event) and the message.
 _Entry = tuple[Partition | None, Message]
@@ -121,6 +127,11 @@ class Fetcher:
         self._held: dict[Partition, list[_Entry]] = {}
         self._closed = False
         self.reset = str(config.get("auto.offset.reset", "latest"))
+        # The zombie-record gate (see `set_gate`): records may be handed out until
+        # `_open_until` (monotonic s); `_gate_fenced` are the partitions it fenced.
+        self._gate: Callable[[], float] | None = None
+        self._open_until = math.inf
+        self._gate_fenced: set[Partition] = set()
 
     @property
     def consumer(self) -> Consumer:
@@ -136,6 +147,46 @@ class Fetcher:
         waker = self._waker
         if waker is not None:
             waker.wake()
+
+    def set_gate(self, gate: Callable[[], float]) -> None:
+        """Hand records out only until ``gate()`` (monotonic seconds; ``math.inf``: no
+        bound), asked again whenever that time has passed. Past it every fetchable partition
+        is fenced (records dropped, positions kept); when the gate opens again they are
+        unfenced (rewound to their positions) before the next hand-out."""
+        self._gate = gate
+        self._open_until = -math.inf
+
+    def _check_gate(self, reopen: bool) -> None:
+        """(application thread, before handing records out) Ask the gate; close it (fence
+        every fetchable partition) or, with ``reopen``, open it again."""
+        gate = self._gate
+        if gate is None:
+            return
+        now = _monotonic()
+        until = gate()
+        # No bound now (not in a group yet): ask again soon, the member may join.
+        self._open_until = min(until, now + _GATE_RECHECK_S)
+        if now <= until:
+            if reopen and self._gate_fenced:
+                with self._lock:
+                    back = self._gate_fenced & self._assigned
+                    self._gate_fenced = set()
+                log.info("fetcher: membership confirmed, handing out records again")
+                self.unfence(back)
+            return
+        with self._lock:
+            closing = set(self._fetchable)
+            if closing:
+                self._gate_fenced |= closing
+                self._fetchable.clear()
+                self._fast = False
+        if closing:
+            log.info(
+                "fetcher: no heartbeat confirmed the membership for a session timeout "
+                "(%.1f s past); records of %d partition(s) held back until one does",
+                now - until,
+                len(closing),
+            )
 
     def _refresh_fast(self) -> None:
         """(_lock held)"""
@@ -189,6 +240,7 @@ class Fetcher:
             self._purge(set(gone))
             for p in gone:
                 self._assigned.discard(p)
+                self._gate_fenced.discard(p)
                 self._fetchable.discard(p)
                 self._native.discard(p)
                 self._positions.pop(p, None)
@@ -205,6 +257,8 @@ class Fetcher:
         """Mark partitions pending revocation: their records are dropped from now on.
         Either thread (the network loop fences lost partitions); never waits for a batch."""
         with self._lock:
+            partitions = set(partitions)
+            self._gate_fenced.difference_update(partitions)
             before = len(self._fetchable)
             self._fetchable.difference_update(partitions)
             if len(self._fetchable) != before:
@@ -499,6 +553,8 @@ class Fetcher:
         """The next record or error event; waits up to ``timeout`` for one if none is
         buffered. Records of partitions no longer fetchable are dropped (None if only
         such records were buffered)."""
+        if _monotonic() > self._open_until:
+            self._check_gate(reopen=True)
         buffer = self._buffer
         if not buffer:
             if self._closed:
@@ -517,6 +573,8 @@ class Fetcher:
             buffer = self._buffer
         fetchable = self._fetchable
         while buffer:
+            if _monotonic() > self._open_until:  # the member may have stalled meanwhile
+                self._check_gate(reopen=False)
             key, msg = buffer.popleft()
             if key is None:
                 return msg
@@ -527,6 +585,8 @@ class Fetcher:
         return None
 
     def consume(self, num_messages: int, timeout: float) -> list[Message]:
+        if _monotonic() > self._open_until:
+            self._check_gate(reopen=True)
         if self._buffer:  # what poll() buffered goes first
             taken: list[Message] = []
             buffer, fetchable, last = self._buffer, self._fetchable, self._last
@@ -548,6 +608,8 @@ class Fetcher:
             if not self._fast:
                 self._settle()
             msgs = self._consumer.consume(num_messages, timeout)
+            if msgs and _monotonic() > self._open_until:  # a stall during the wait
+                self._check_gate(reopen=False)
             # Common case: every assigned partition fetchable and native, so librdkafka's
             # positions are right for the whole batch (error events do not move them).
             if not msgs or self._fast:

@@ -78,7 +78,7 @@ class LoopTransport:
     def send(self, request: Outbound) -> None:
         api = request.api
         done: Callable[[Any, KafkaException | None], None]
-        if api is Api.FIND_COORDINATOR or api is Api.METADATA:
+        if api is Api.FIND_COORDINATOR or api is Api.METADATA or api is Api.GROUP_SESSION_TIMEOUT:
             host, port = self._bootstrap[self._bootstrap_index % len(self._bootstrap)]
             done = self._from_any_broker(request)
         else:
@@ -145,6 +145,13 @@ class LoopTransport:
                 m.API_FIND_COORDINATOR,
                 lambda v: m.find_coordinator_call(payload, v),
                 lambda r: m.find_coordinator_from_kio(payload, r),
+                client_id,
+            )
+        if api is Api.GROUP_SESSION_TIMEOUT:
+            return KioCall(
+                m.API_DESCRIBE_CONFIGS,
+                lambda v: m.group_session_timeout_call(payload, v),
+                m.group_session_timeout_from_kio,
                 client_id,
             )
         topics = None if payload is None else list(payload)

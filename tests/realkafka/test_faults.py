@@ -135,7 +135,7 @@ class Group:
 
     # -- members ------------------------------------------------------------------------------
 
-    def spawn(self, name: str, impl: str) -> Proc:
+    def spawn(self, name: str, impl: str, extra: tuple[str, ...] = ()) -> Proc:
         log = self.dir / f"{name}.jsonl"
         env = {
             **os.environ,
@@ -163,6 +163,7 @@ class Group:
                 str(log),
                 "--close-timeout",
                 str(CLOSE_TIMEOUT_S),
+                *extra,
             ],
             cwd=ROOT,
             env=env,
