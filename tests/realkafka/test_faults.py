@@ -135,7 +135,10 @@ class Group:
 
     # -- members ------------------------------------------------------------------------------
 
-    def spawn(self, name: str, impl: str, extra: tuple[str, ...] = ()) -> Proc:
+    def spawn(
+        self, name: str, impl: str, extra: tuple[str, ...] = (), prefix: tuple[str, ...] = ()
+    ) -> Proc:
+        """Start a member process (``prefix``: e.g. ``ip netns exec NS`` to run it there)."""
         log = self.dir / f"{name}.jsonl"
         env = {
             **os.environ,
@@ -146,6 +149,7 @@ class Group:
         stderr = (self.dir / f"{name}.stderr").open("ab")
         popen = subprocess.Popen(
             [
+                *prefix,
                 sys.executable,
                 "-m",
                 "tests.realkafka.fault_member",

@@ -1,0 +1,129 @@
+"""Network faults between hosts, on a real 3-node Apache Kafka whose brokers and members run
+in their own network namespaces (`consumer_sdk.testing.netns.NetnsCluster`): a member cut
+from its group coordinator both ways and one way, a member cut from every broker, and the
+coordinator's node cut from the other brokers. Two SDK members and a confluent-kafka
+``group.protocol=consumer`` member (the oracle) in the group, each on its own host; records
+keep coming during every fault. The chaos checker then checks the logs: nothing lost, no
+partition owned twice beyond the zombie bound (a member cut off cannot know it was fenced
+before it reaches the coordinator again), only uncommitted work of fenced members redone,
+committed offsets never going back, every member back in the group after healing. And the
+SDK member cut off hands out no record once a session has passed since its last confirmed
+heartbeat (membership.stall).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from consumer_sdk.testing.netns import NetnsCluster, netns_available
+from tests.realkafka.test_faults import INTERVAL_S, SESSION_S, Group, Proc
+
+pytestmark = pytest.mark.realkafka
+
+#: How long each fault lasts: past the session timeout (members are fenced) and, for the
+#: coordinator node's cut, past the broker session (9 s: the controller fences the node).
+FAULT_S = {"coord-both": SESSION_S + 3, "coord-one-way": SESSION_S + 3, "isolated": SESSION_S + 3}
+FAULT_S["coordinator-cut"] = 12.0
+
+
+@pytest.fixture(scope="module")
+def net() -> Iterator[NetnsCluster]:
+    why = netns_available()
+    if why is not None:
+        pytest.skip(why)
+    with NetnsCluster(brokers=3, hosts=("m1", "m2", "m3")) as bed:
+        yield bed
+
+
+def _records_after(g: Group, victim: Proc, owned: set[int], start: float, end: float) -> int:
+    return sum(
+        1 for e in g.events(victim) if e["ev"] == "rec" and e["p"] in owned and start < e["t"] < end
+    )
+
+
+def _apply(net: NetnsCluster, fault: str, victim_host: str, coordinator: int) -> None:
+    coord_host = net.broker_host(coordinator)
+    if fault == "coord-both":
+        net.partition(victim_host, coord_host)
+    elif fault == "coord-one-way":
+        net.partition(victim_host, coord_host, one_way=True)
+    elif fault == "isolated":
+        net.isolate(victim_host)
+    else:  # the coordinator's node cut from the other brokers (members still reach it)
+        for node in net.broker_ids:
+            if node != coordinator:
+                net.partition(coord_host, net.broker_host(node))
+
+
+def test_network_faults(net: NetnsCluster, tmp_path: Path) -> None:
+    results: dict[str, str] = {}
+    net.call(lambda: _run(net, tmp_path, results), timeout_s=900)
+    print("\n" + "\n".join(f"{k}: {v}" for k, v in results.items()))
+
+
+def _run(net: NetnsCluster, tmp_path: Path, results: dict[str, str]) -> None:
+    g = Group(net, tmp_path, "netfaults")
+    try:
+        hosts = {"sdk1": "m1", "sdk2": "m2", "ck1": "m3"}
+        members = [
+            g.spawn(name, name[:-1] if name != "ck1" else "ck", prefix=tuple(net.exec_prefix(h)))
+            for name, h in hosts.items()
+        ]
+        g.produce(300)
+        g.wait_balanced(members, timeout=120)
+        g.wait_consumed_and_committed()
+        stop = threading.Event()
+
+        def produce() -> None:
+            while not stop.is_set():
+                g.produce(20)
+                stop.wait(0.1)
+
+        producer = threading.Thread(target=produce, daemon=True)
+        producer.start()
+        victim = members[0]
+        try:
+            for fault, duration in FAULT_S.items():
+                coordinator = net.coordinator_for(g.group)
+                owned = g.owned(victim)
+                t_fault = time.time()
+                g.driver_events.append({"t": t_fault, "ev": "net", "fault": fault})
+                _apply(net, fault, "m1", coordinator)
+                time.sleep(duration)
+                net.heal()
+                t_heal = time.time()
+                g.wait_balanced(members, timeout=120)
+                lost = [e for e in g.events(victim) if e["ev"] == "lost" and e["t"] > t_fault]
+                again = min(
+                    (
+                        e["t"]
+                        for e in g.events(victim)
+                        if e["ev"] == "assign" and e["t"] > t_fault and set(e["parts"]) & owned
+                    ),
+                    default=float("inf"),
+                )
+                end = min([again, *(e["t"] for e in lost)], default=again)
+                zombie = _records_after(g, victim, owned, t_fault + SESSION_S + INTERVAL_S, end)
+                results[fault] = (
+                    f"coordinator node {coordinator}; sdk1 owned {sorted(owned)}; on_lost "
+                    f"{'yes' if lost else 'no'}; records handed out past the session bound "
+                    f"before healing: {zombie}; back in {time.time() - t_heal:.1f}s after heal; "
+                    f"coordinator then {net.coordinator_for(g.group)}"
+                )
+                if fault != "coordinator-cut":
+                    assert zombie == 0, results[fault]
+        finally:
+            stop.set()
+            producer.join(60)
+        ends = g.wait_consumed_and_committed(timeout=180)
+        assert all(p.alive() for p in members), g.stderr()
+        g.close()
+        summary = g.check(ends)
+        results["checker"] = summary.format().replace("\n", "; ")
+    finally:
+        g.close()
