@@ -329,8 +329,7 @@ class NetnsCluster:
 
     def create_topic(self, topic: str, partitions: int = 1, timeout: float = 60.0) -> None:
         def create() -> None:
-            from confluent_kafka import NewTopic
-            from confluent_kafka.admin import AdminClient
+            from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
             admin = AdminClient({"bootstrap.servers": self.bootstrap_servers})
             rf = min(3, len(self.broker_ids))
