@@ -67,7 +67,19 @@ from consumer_sdk.error_codes import ErrorCode
 Partition = int
 
 #: driver events counted as chaos actions (``stop``: a member SIGSTOPped past its session)
-ACTION_EVENTS = ("kill", "stop", "restart", "coordinator", "broker_down", "node_kill", "node_pause")
+ACTION_EVENTS = (
+    "kill",
+    "stop",
+    "restart",
+    "coordinator",
+    "broker_down",
+    "node_kill",
+    "node_pause",
+    "net_coord",
+    "net_coord_one_way",
+    "net_isolate",
+    "net_coord_cut",
+)
 #: real-cluster driver events that cut members off from the coordinator (when they name it)
 CUT_OFF_EVENTS = ("coordinator", "node_kill", "node_pause")
 #: ownerships that ended because the broker fenced the member (module doc)

@@ -43,6 +43,10 @@ MEMBER_ACTIONS = ("kill", "pause", "restart")
 BROKER_ACTIONS = {
     "mock": ("coordinator", "broker_down"),
     "real": ("coordinator", "node_kill", "node_pause"),
+    # network faults between hosts (`consumer_sdk.testing.netns`): a member cut from its
+    # coordinator both ways or one way, a member cut from every broker, the coordinator's
+    # node cut from the other brokers
+    "netns": ("net_coord", "net_coord_one_way", "net_isolate", "net_coord_cut"),
 }
 ACTIONS = MEMBER_ACTIONS + BROKER_ACTIONS["mock"]
 
@@ -100,7 +104,9 @@ class Driver:
 
     def spawn(self, name: str, impl: str) -> MemberProc:
         stderr = (self.workdir / "members" / f"{name}.stderr").open("ab")
+        prefix = self.kafka.exec_prefix(name) if self.args.broker == "netns" else []
         argv = [
+            *prefix,
             sys.executable,
             "-m",
             "consumer_sdk.chaos",
@@ -274,6 +280,8 @@ class Driver:
                 self.event("restart", name=member.name, after="close")
         elif self.args.broker == "real":
             self._act_real(action)
+        elif self.args.broker == "netns":
+            self._act_net(action)
         elif action == "coordinator":
             target = self.rng.choice(
                 [b for b in range(1, self.args.brokers + 1) if b != self.coordinator]
@@ -358,10 +366,53 @@ class Driver:
         self._node_fault = threading.Thread(target=fault, name=f"chaos-{action}", daemon=True)
         self._node_fault.start()
 
+    def _act_net(self, action: str) -> None:
+        """A network fault between hosts for the session + 1-3 s (or, one time in four, a
+        shorter one that fences nobody); healed in the background (one at a time)."""
+        session_s = self.args.session_timeout_ms / 1000
+        net = self.kafka
+        coordinator = net.coordinator_for(self.group, timeout=30.0)
+        coord_host = net.broker_host(coordinator)
+        member = self.rng.choice(sorted(self.members))
+        seconds = (
+            self.rng.uniform(1.0, session_s / 2)
+            if self.rng.random() < 0.25
+            else session_s + self.rng.uniform(1.0, 3.0)
+        )
+        if action == "net_coord_cut":
+            seconds = max(seconds, 12.0)  # past the broker session: the controller fences it
+        fields: dict[str, Any] = {"node": coordinator, "seconds": seconds}
+
+        def fault() -> None:
+            try:
+                if action == "net_coord":
+                    net.partition(member, coord_host)
+                    fields["member"] = member
+                elif action == "net_coord_one_way":
+                    net.partition(member, coord_host, one_way=True)
+                    fields["member"] = member
+                elif action == "net_isolate":
+                    net.isolate(member)
+                    fields["member"] = member
+                else:
+                    for node in net.broker_ids:
+                        if node != coordinator:
+                            net.partition(coord_host, net.broker_host(node))
+                self.event(action, **fields)
+                time.sleep(seconds)
+                net.heal()
+                self.event("net_heal")
+            except Exception as exc:  # reported as a violation-free failure of the run
+                self._node_errors.append(f"{action}: {exc}")
+                self.event("node_fault_failed", action=action, error=str(exc))
+
+        self._node_fault = threading.Thread(target=fault, name=f"chaos-{action}", daemon=True)
+        self._node_fault.start()
+
     def _next_action(self, schedule: list[str], actions: tuple[str, ...]) -> str:
         """The next scheduled action; a broker fault waits (member faults go first) while
         a node is still down from the previous one."""
-        busy = self.args.broker == "real" and self.node_fault_running()
+        busy = self.args.broker in ("real", "netns") and self.node_fault_running()
         for i, action in enumerate(schedule):
             if not (busy and action not in MEMBER_ACTIONS):
                 return schedule.pop(i)
@@ -372,6 +423,18 @@ class Driver:
 
     def _start_cluster(self) -> Any:
         a = self.args
+        if a.broker == "netns":
+            from consumer_sdk.testing.netns import NetnsCluster
+
+            hosts = [f"sdk{i + 1}" for i in range(a.members)]
+            hosts += [f"ck{i + 1}" for i in range(a.ck_members)]
+            return NetnsCluster(
+                brokers=a.brokers,
+                hosts=hosts,
+                kafka_home=a.kafka_home,
+                heartbeat_interval_ms=a.heartbeat_interval_ms,
+                session_timeout_ms=a.session_timeout_ms,
+            )
         if a.broker == "real":
             from consumer_sdk.testing import KafkaCluster
 
@@ -402,6 +465,9 @@ class Driver:
     def run(self) -> Summary:
         self.kafka = self._start_cluster()
         try:
+            if self.args.broker == "netns":  # the driver's own clients on the ctl host
+                summary: Summary = self.kafka.call(self._run)
+                return summary
             return self._run()
         finally:
             with self._members_lock:
@@ -424,7 +490,7 @@ class Driver:
         sampler = threading.Thread(target=self._sample_committed, name="chaos-sampler", daemon=True)
         producer.start()
         sampler.start()
-        if a.broker == "real":
+        if a.broker in ("real", "netns"):
             threading.Thread(
                 target=self._watch_coordinator, name="chaos-coordinator", daemon=True
             ).start()
@@ -507,11 +573,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--duration", type=float, default=600.0, help="seconds of chaos (600)")
     p.add_argument(
         "--broker",
-        choices=("mock", "real"),
+        choices=("mock", "real", "netns"),
         default="mock",
         help="mock: a 3-broker EmbeddedKafka (decreed coordinator moves, broker outages); "
         "real: a 3-node Apache Kafka KafkaCluster from --kafka-home / KAFKA_HOME (node stop, "
-        "SIGKILL and SIGSTOP) (mock)",
+        "SIGKILL and SIGSTOP); netns: the same Kafka with every broker and member on its own "
+        "host (network namespace; needs root), with network faults between hosts (mock)",
     )
     p.add_argument(
         "--kafka-home",
@@ -551,9 +618,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.members < 1 or args.ck_members < 1:
         parser().error("--members and --ck-members must be at least 1")
-    if args.broker == "real" and args.brokers != 3:
+    if args.broker in ("real", "netns") and args.brokers != 3:
         parser().error("--broker real runs 3 nodes (--brokers 3): node faults need a quorum")
-    if args.broker == "real" and not (args.kafka_home or os.environ.get("KAFKA_HOME")):
+    if args.broker in ("real", "netns") and not (args.kafka_home or os.environ.get("KAFKA_HOME")):
         parser().error(
             "--broker real needs --kafka-home or KAFKA_HOME (an Apache Kafka >= 4.0 distribution)"
         )
