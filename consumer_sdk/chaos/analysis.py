@@ -122,6 +122,9 @@ class Summary:
     overlaps_mock_reset: int = 0
     zombie_windows: int = 0
     zombie_max_s: float = 0.0
+    #: records a member processed after the broker could have fenced it and before it
+    #: learned (inside its zombie windows), per client: ``sdk`` / ``ck``
+    zombie_records: dict[str, int] = field(default_factory=dict)
     committed_regressions: int = 0
     uncommitted_at_end: int = 0
     close_failures: int = 0
@@ -170,6 +173,9 @@ class Summary:
             "the coordinator's connections closed)",
             f"zombie windows:              {self.zombie_windows} (a fenced member not yet "
             f"aware while the next owner had the partition; longest {self.zombie_max_s:.2f}s)",
+            f"zombie records:              SDK {self.zombie_records.get('sdk', 0)}, "
+            f"confluent-kafka {self.zombie_records.get('ck', 0)} (processed inside those "
+            "windows, after the broker could have fenced the member; not committed)",
             f"committed-offset regressions: {self.committed_regressions}",
             f"uncommitted at the end:      {self.uncommitted_at_end}",
             f"members failing to close:    {self.close_failures}",
@@ -635,11 +641,19 @@ def analyze(
         by_inc[inc.name] = ivs
         for iv in ivs:
             all_intervals[iv.partition].append(iv)
+    zombie_seen: set[tuple[str, Partition, int]] = set()
     for p, ivs in all_intervals.items():
         ivs.sort(key=lambda iv: iv.start)
         for i, a in enumerate(ivs):
             for b in ivs[i + 1 :]:
                 if a.end <= b.start < a.lost_at and a.incarnation != b.incarnation:
+                    for ev in incs[a.incarnation].events:
+                        if ev["ev"] == "rec" and ev["p"] == p and a.end <= ev["t"] < a.lost_at:
+                            key = (a.incarnation, p, ev["o"])
+                            if key not in zombie_seen:
+                                zombie_seen.add(key)
+                                impl = _impl(incs[a.incarnation])
+                                s.zombie_records[impl] = s.zombie_records.get(impl, 0) + 1
                     s.zombie_windows += 1
                     s.zombie_max_s = max(s.zombie_max_s, a.lost_at - b.start)
                     s.examples["zombie windows"].append(

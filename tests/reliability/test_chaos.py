@@ -391,6 +391,28 @@ def test_checker_ends_ownership_when_the_coordinator_node_was_cut_off() -> None:
     assert check(events, not_coordinator).violations == {"overlaps": 1}
 
 
+def test_checker_counts_zombie_records_per_client() -> None:
+    """Records a member processed inside its zombie window (after the broker could have
+    fenced it, before it learned) are counted per client, once each."""
+    events = [
+        ev(0.5, "start", "a/1", impl="ck"),
+        ev(1.0, "assign", "a/1", parts=[0]),
+        *(ev(1.1 + i / 10, "rec", "a/1", p=0, o=i) for i in range(3)),
+        ev(1.5, "commit", "a/1", offsets={"0": 3}),
+        ev(8.0, "assign", "b/2", parts=[0]),
+        ev(8.1, "rec", "b/2", p=0, o=3),
+        ev(8.2, "commit", "b/2", offsets={"0": 4}),
+        ev(8.5, "rec", "a/1", p=0, o=3),  # cut off, fenced at 7.6, handed out anyway
+        ev(9.0, "lost", "a/1", parts=[0]),
+    ]
+    fault = [ev(1.6, "node_pause", "", node=2, coordinator=True)]
+    summary = check(events, fault)
+    assert summary.violations == {}, summary.examples
+    assert summary.zombie_records == {"ck": 1}
+    assert "zombie records:              SDK 0, confluent-kafka 1" in summary.format()
+    assert check([e for e in events if e["t"] != 8.5], fault).zombie_records == {}
+
+
 def test_checker_takes_the_coordinator_from_the_drivers_watch() -> None:
     """The check made just before the fault said node 3 was not the coordinator, but the
     driver's coordinator watch saw the group on node 3 (before the fault, or while node 3
