@@ -147,12 +147,13 @@ class Consumer(GroupMember):
         now = time.monotonic()
         if now >= self._next_post_poll:
             self._post_poll_limited(now)
-        if self._net.background_events or self._app_callbacks:
+        dispatched = bool(self._net.background_events or self._app_callbacks)
+        if dispatched:  # callbacks may run: `now` gets old
             self._dispatch_background_events()
             if self._error_events:
                 return self._error_events.popleft()
         # Fast path: a record is already buffered.
-        msg = self._fetcher.poll(0)
+        msg = self._fetcher.poll(0, None if dispatched else now)
         if msg is not None:
             return msg
         deadline = now + _wait_seconds(timeout)

@@ -549,11 +549,12 @@ class Fetcher:
 
     # The per-record path avoids locks and copies: the GIL makes these dict/set operations
     # atomic, and the last delivered message per partition gives both position and epoch.
-    def poll(self, timeout: float) -> Message | None:
+    def poll(self, timeout: float, now: float | None = None) -> Message | None:
         """The next record or error event; waits up to ``timeout`` for one if none is
         buffered. Records of partitions no longer fetchable are dropped (None if only
-        such records were buffered)."""
-        if _monotonic() > self._open_until:
+        such records were buffered). ``now``: the caller's `time.monotonic()` reading,
+        if it just took one (spares the per-record gate check its own)."""
+        if (_monotonic() if now is None else now) > self._open_until:
             self._check_gate(reopen=True)
         buffer = self._buffer
         if not buffer:
@@ -570,11 +571,11 @@ class Fetcher:
                 msgs = self._consumer.consume(POLL_BATCH - 1, 0)
                 msgs.insert(0, msg)
                 self._fill(msgs)
+            if _monotonic() > self._open_until:  # the member may have stalled in the wait
+                self._check_gate(reopen=False)
             buffer = self._buffer
         fetchable = self._fetchable
         while buffer:
-            if _monotonic() > self._open_until:  # the member may have stalled meanwhile
-                self._check_gate(reopen=False)
             key, msg = buffer.popleft()
             if key is None:
                 return msg

@@ -98,3 +98,52 @@ def test_poll_buffer_keeps_order_across_pause_seek_and_unassign(
         assert _drain(fetcher, 10) == [(1, o) for o in range(290, 300)]
     finally:
         fetcher.close()
+
+
+def test_gate_holds_records_back_and_hands_them_out_after_it_opens(
+    embedded_kafka: EmbeddedKafka,
+) -> None:
+    """The zombie-record gate (`Fetcher.set_gate`): while it is closed neither poll() nor
+    consume() hands out a record, whether fetched before or after it closed; once it opens
+    again every record comes, in order, none twice, none lost, and a partition fenced for
+    revocation meanwhile stays fenced."""
+    import math
+    import time
+
+    topic = "fetch-gate"
+    embedded_kafka.create_topic(topic, partitions=2)
+    for p in (0, 1):
+        embedded_kafka.produce(topic, [f"v{i}".encode() for i in range(30)], partition=p)
+    fetcher = Fetcher(
+        {
+            "bootstrap.servers": embedded_kafka.bootstrap_servers,
+            "group.id": "fetch-gate-g",
+            "auto.offset.reset": "earliest",
+        }
+    )
+    until = [math.inf]
+    fetcher.set_gate(lambda: until[0])
+    try:
+        fetcher.assign({(topic, 0): None, (topic, 1): None})
+        got = _drain(fetcher, 10)
+        # The last confirmed heartbeat's session runs out in 0.3 s (no answer comes):
+        # records until then, none after.
+        until[0] = time.monotonic() + 0.3
+        while time.monotonic() <= until[0]:
+            msg = fetcher.poll(0.01)
+            if msg is not None and msg.error() is None:
+                got.append((msg.partition(), msg.offset()))  # type: ignore[arg-type]
+        for p in (0, 1):  # fetched while the gate is closed
+            embedded_kafka.produce(topic, [f"w{i}".encode() for i in range(20)], partition=p)
+        deadline = time.monotonic() + 2
+        while time.monotonic() < deadline:
+            assert fetcher.poll(0.05) is None, "poll() handed out a record past the gate"
+            assert not [m for m in fetcher.consume(50, 0.05) if m.error() is None]
+        fetcher.fence([(topic, 1)])  # lost/revoked meanwhile: the gate must not reopen it
+        until[0] = math.inf  # a heartbeat answer confirmed the membership
+        got += _drain(fetcher, 50 - sum(1 for p, _ in got if p == 0))
+        assert sorted(o for p, o in got if p == 0) == list(range(50))
+        assert len({(p, o) for p, o in got}) == len(got), "a record came twice"
+        assert all(fetcher.poll(0.1) is None for _ in range(5)), "the fenced partition stays"
+    finally:
+        fetcher.close()
