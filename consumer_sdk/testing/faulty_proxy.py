@@ -1,8 +1,11 @@
 """A fault-injecting TCP proxy for Kafka connections (tests of bad broker responses).
 
-It listens on 127.0.0.1, forwards every connection to one upstream broker, and can corrupt
-the next response frames: truncate them, garble their bodies, change their correlation id,
-announce an oversized length, or drop the connection. Faults can target one API key.
+It listens on 127.0.0.1 (or ``host``), forwards every connection to one upstream broker, and
+can corrupt the next response frames: truncate them, garble their bodies, change their
+correlation id, announce an oversized length, or drop the connection. Faults can target one
+API key. It can also slow the link (``delay_s``: every frame, each way, waits that long
+after it was read; the frames of one connection and direction go one at a time) and reset
+every connection (`reset_connections`).
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import random
 import socket
 import struct
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass
 from typing import Literal
@@ -36,8 +40,13 @@ class _Fault:
 class FaultyProxy(ProxyBase):
     """``with FaultyProxy("127.0.0.1", port) as proxy: proxy.address ...``"""
 
-    def __init__(self, upstream_host: str, upstream_port: int, *, seed: int = 0) -> None:
-        super().__init__("127.0.0.1", "faulty-proxy")
+    def __init__(
+        self, upstream_host: str, upstream_port: int, *, seed: int = 0, host: str = "127.0.0.1"
+    ) -> None:
+        super().__init__(host, "faulty-proxy")
+        self.host = host
+        #: Added latency: each frame goes on this long after it arrived (0: none).
+        self.delay_s = 0.0
         self.upstream = (upstream_host, upstream_port)
         self._faults: deque[_Fault] = deque()
         self._rng = random.Random(seed)
@@ -47,7 +56,18 @@ class FaultyProxy(ProxyBase):
 
     @property
     def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        return f"{self.host}:{self.port}"
+
+    def reset_connections(self) -> None:
+        """Drop every proxied connection now (clients see a reset and reconnect)."""
+        with self._lock:
+            socks = list(self._sockets)
+        self._close_pair(*socks)
+
+    def _hold(self, arrived: float) -> None:
+        delay = self.delay_s
+        if delay > 0:
+            time.sleep(max(arrived + delay - time.monotonic(), 0.0))
 
     def inject(self, kind: FaultKind, *, api_key: int | None = None, count: int = 1) -> None:
         """Corrupt the next ``count`` responses (to requests of ``api_key``, if given)."""
@@ -108,6 +128,7 @@ class FaultyProxy(ProxyBase):
                 body = recv_exact(client, length) if length > 0 else b""
                 if body is None:
                     break
+                self._hold(time.monotonic())
                 api_key = struct.unpack_from(">h", body, 0)[0] if len(body) >= 2 else -1
                 with cond:
                     pending.append(api_key)
@@ -134,6 +155,7 @@ class FaultyProxy(ProxyBase):
                 body = recv_exact(upstream, length)
                 if body is None:
                     break
+                self._hold(time.monotonic())
                 with cond:
                     cond.wait_for(lambda: bool(pending), timeout=5)
                     api_key = pending.popleft() if pending else -1

@@ -13,7 +13,12 @@ Faults (no ``tc netem``):
 - `NetnsCluster.partition` ``(a, b)``: packets from ``a`` to ``b`` are dropped silently (a
   blackhole route in ``a``), and from ``b`` to ``a`` too unless ``one_way``;
 - `NetnsCluster.isolate` ``(host)``: the host's bridge port goes down (a pulled cable);
-- `NetnsCluster.heal`: every route and port back.
+- `NetnsCluster.slow` ``(node, delay_s)`` and `NetnsCluster.reset` ``(node)`` (with
+  ``slow_links=True``): every broker also listens on a ``SLOW`` listener reached through a
+  `consumer_sdk.testing.faulty_proxy.FaultyProxy` per broker on host ``px``; clients that
+  bootstrap from `NetnsCluster.slow_bootstrap_servers` talk to every broker through those
+  proxies, which add latency or reset every connection on demand;
+- `NetnsCluster.heal`: every route and port back, no latency.
 
 ``close()`` (also on ``with`` exit and at interpreter exit) kills every process the bed
 started, then everything still running in its namespaces, and deletes the namespaces (their
@@ -59,6 +64,7 @@ _CLONE_NEWNET = 0x40000000
 _SUBNET = "10.88.0"
 _KAFKA_PORT = 9092
 _CONTROLLER_PORT = 9093
+_SLOW_PORT = 9094
 _libc: Any = None
 
 
@@ -109,6 +115,7 @@ class NetnsCluster:
         heartbeat_interval_ms: int = 500,
         session_timeout_ms: int = 6000,
         start_timeout_s: float = 120.0,
+        slow_links: bool = False,
     ) -> None:
         why = netns_available()
         if why is not None:
@@ -120,6 +127,9 @@ class NetnsCluster:
         self.suffix = f"{os.getpid():x}{secrets.token_hex(2)}"
         self.broker_ids = list(range(1, brokers + 1))
         self.hosts = [f"b{i}" for i in self.broker_ids] + list(hosts) + ["ctl"]
+        if slow_links:
+            self.hosts.append("px")
+        self._proxies: dict[int, Any] = {}
         self._ips = {h: f"{_SUBNET}.{i + 1}" for i, h in enumerate(self.hosts)}
         self._hub = f"nf{self.suffix}-hub"
         self._dir = Path(tempfile.mkdtemp(prefix=f"netns-{self.suffix}-"))
@@ -134,6 +144,8 @@ class NetnsCluster:
         atexit.register(self.close)
         try:
             self._build_network()
+            if slow_links:
+                self._start_proxies()
             self._start_brokers(start_timeout_s)
         except BaseException:
             self.close()
@@ -157,6 +169,14 @@ class NetnsCluster:
     def bootstrap_servers(self) -> str:
         return ",".join(f"{self._ips[f'b{i}']}:{_KAFKA_PORT}" for i in self.broker_ids)
 
+    @property
+    def slow_bootstrap_servers(self) -> str:
+        """Bootstrap through the proxies (``slow_links=True``): every connection a client
+        then makes to a broker goes through that broker's proxy."""
+        if not self._proxies:
+            raise NetnsError("start the NetnsCluster with slow_links=True")
+        return ",".join(p.address for _, p in sorted(self._proxies.items()))
+
     def exec_prefix(self, host: str) -> list[str]:
         """Prefix a command with this to run it on ``host`` (``ip netns exec``)."""
         return ["ip", "netns", "exec", self.netns(host)]
@@ -179,6 +199,19 @@ class NetnsCluster:
             _ip("-n", ns, "link", "set", "lo", "up")
         log.info("netns bed %s: hosts %s", self.suffix, self._ips)
 
+    def _start_proxies(self) -> None:
+        from consumer_sdk.testing.faulty_proxy import FaultyProxy
+
+        px = self._ips["px"]
+
+        def start() -> dict[int, Any]:  # in px: the proxies' threads and sockets stay there
+            return {
+                node: FaultyProxy(self._ips[f"b{node}"], _SLOW_PORT, host=px)
+                for node in self.broker_ids
+            }
+
+        self._proxies = self.call(start, host="px", timeout_s=30)
+
     def _java(self) -> str:
         java_home = os.environ.get("JAVA_HOME")
         if java_home and (Path(java_home) / "bin" / "java").exists():
@@ -198,10 +231,13 @@ class NetnsCluster:
             "process.roles=broker,controller",
             f"node.id={node_id}",
             f"controller.quorum.voters={voters}",
-            f"listeners=PLAINTEXT://{ip}:{_KAFKA_PORT},CONTROLLER://{ip}:{_CONTROLLER_PORT}",
-            f"advertised.listeners=PLAINTEXT://{ip}:{_KAFKA_PORT}",
+            f"listeners=PLAINTEXT://{ip}:{_KAFKA_PORT},CONTROLLER://{ip}:{_CONTROLLER_PORT}"
+            + (f",SLOW://{ip}:{_SLOW_PORT}" if self._proxies else ""),
+            f"advertised.listeners=PLAINTEXT://{ip}:{_KAFKA_PORT}"
+            + (f",SLOW://{self._proxies[node_id].address}" if self._proxies else ""),
             "controller.listener.names=CONTROLLER",
-            "listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+            "inter.broker.listener.name=PLAINTEXT",
+            "listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,SLOW:PLAINTEXT",
             f"log.dirs={data / 'data'}",
             f"offsets.topic.replication.factor={rf}",
             "offsets.topic.num.partitions=10",
@@ -393,8 +429,25 @@ class NetnsCluster:
         self._down.add(host)
         log.info("netns %s: isolated %s", self.suffix, host)
 
+    def slow(self, node: int, delay_s: float) -> None:
+        """Delay every frame to and from broker ``node`` through its proxy by ``delay_s``."""
+        self._proxy(node).delay_s = delay_s
+        log.info("netns %s: link to broker %d slowed by %.2f s", self.suffix, node, delay_s)
+
+    def reset(self, node: int) -> None:
+        """Reset every proxied connection to broker ``node``."""
+        self._proxy(node).reset_connections()
+        log.info("netns %s: connections to broker %d reset", self.suffix, node)
+
+    def _proxy(self, node: int) -> Any:
+        if node not in self._proxies:
+            raise NetnsError("start the NetnsCluster with slow_links=True")
+        return self._proxies[node]
+
     def heal(self) -> None:
-        """Undo every `partition` and `isolate`."""
+        """Undo every `partition`, `isolate` and `slow`."""
+        for proxy in self._proxies.values():
+            proxy.delay_s = 0.0
         for src, dst in sorted(self._routes):
             _ip("-n", self.netns(src), "route", "del", "blackhole", f"{self._ips[dst]}/32")
         self._routes.clear()
@@ -417,6 +470,9 @@ class NetnsCluster:
         for proc in [*self._procs, *self._brokers.values()]:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(10)
+        for proxy in self._proxies.values():
+            with contextlib.suppress(Exception):
+                proxy.close()
         for host in self.hosts:
             self._delete_netns(self.netns(host))
         self._delete_netns(self._hub)

@@ -136,9 +136,15 @@ class Group:
     # -- members ------------------------------------------------------------------------------
 
     def spawn(
-        self, name: str, impl: str, extra: tuple[str, ...] = (), prefix: tuple[str, ...] = ()
+        self,
+        name: str,
+        impl: str,
+        extra: tuple[str, ...] = (),
+        prefix: tuple[str, ...] = (),
+        bootstrap: str | None = None,
     ) -> Proc:
-        """Start a member process (``prefix``: e.g. ``ip netns exec NS`` to run it there)."""
+        """Start a member process (``prefix``: e.g. ``ip netns exec NS`` to run it there;
+        ``bootstrap``: other bootstrap servers than the cluster's)."""
         log = self.dir / f"{name}.jsonl"
         env = {
             **os.environ,
@@ -158,7 +164,7 @@ class Group:
                 "--name",
                 name,
                 "--bootstrap",
-                self.kafka.bootstrap_servers,
+                bootstrap or self.kafka.bootstrap_servers,
                 "--group",
                 self.group,
                 "--topic",
@@ -272,7 +278,7 @@ class Group:
         self._sampler.join(15)
         self._client.close()
 
-    def check(self, ends: dict[int, int]) -> Summary:
+    def check(self, ends: dict[int, int], overlap_tolerance_s: float = 0.0) -> Summary:
         summary = analyze(
             self.events(),
             self.driver_events,
@@ -281,6 +287,7 @@ class Group:
             session_s=SESSION_S,
             close_timeout_s=CLOSE_TIMEOUT_S,
             heartbeat_interval_s=INTERVAL_S,
+            overlap_tolerance_s=overlap_tolerance_s,
         )
         summary.broker = "real"
         report = summary.format()

@@ -25,6 +25,11 @@ from tests.realkafka.test_faults import INTERVAL_S, SESSION_S, Group, Proc
 
 pytestmark = pytest.mark.realkafka
 
+#: Seen once on this bed, at the first rebalance: a confluent-kafka owner's on_revoke (a
+#: synchronous commit inside) ended 0.011 s after the next owner's on_assign, i.e. librdkafka
+#: released the partition before its callback returned. Not the SDK's; tolerated here.
+OVERLAP_TOLERANCE_S = 0.05
+
 #: How long each fault lasts: past the session timeout (members are fenced) and, for the
 #: coordinator node's cut, past the broker session (9 s: the controller fences the node).
 FAULT_S = {"coord-both": SESSION_S + 3, "coord-one-way": SESSION_S + 3, "isolated": SESSION_S + 3}
@@ -36,7 +41,7 @@ def net() -> Iterator[NetnsCluster]:
     why = netns_available()
     if why is not None:
         pytest.skip(why)
-    with NetnsCluster(brokers=3, hosts=("m1", "m2", "m3")) as bed:
+    with NetnsCluster(brokers=3, hosts=("m1", "m2", "m3"), slow_links=True) as bed:
         yield bed
 
 
@@ -123,7 +128,68 @@ def _run(net: NetnsCluster, tmp_path: Path, results: dict[str, str]) -> None:
         ends = g.wait_consumed_and_committed(timeout=180)
         assert all(p.alive() for p in members), g.stderr()
         g.close()
-        summary = g.check(ends)
+        summary = g.check(ends, OVERLAP_TOLERANCE_S)
+        results["checker"] = summary.format().replace("\n", "; ")
+    finally:
+        g.close()
+
+
+def test_slow_link_and_connection_resets(net: NetnsCluster, tmp_path: Path) -> None:
+    """An SDK member that reaches every broker through the fault-injecting proxy
+    (`NetnsCluster.slow_bootstrap_servers`), another SDK member and a confluent-kafka member
+    directly: the coordinator's link slowed by 1 s each way for 10 s, then every connection
+    to it reset. Heartbeats are answered late but within the session: the SDK member is not
+    fenced and gets no callback, records keep coming; the checker's invariants hold."""
+    results: dict[str, str] = {}
+    net.call(lambda: _run_slow(net, tmp_path, results), timeout_s=600)
+    print("\n" + "\n".join(f"{k}: {v}" for k, v in results.items()))
+
+
+def _run_slow(net: NetnsCluster, tmp_path: Path, results: dict[str, str]) -> None:
+    g = Group(net, tmp_path, "slowlink")
+    try:
+        slow = net.slow_bootstrap_servers
+        members = [
+            g.spawn("sdk1", "sdk", prefix=tuple(net.exec_prefix("m1")), bootstrap=slow),
+            g.spawn("sdk2", "sdk", prefix=tuple(net.exec_prefix("m2"))),
+            # direct: through the slowed proxy librdkafka itself is sometimes fenced
+            # (docs/reliability.md), which is not what this test checks
+            g.spawn("ck1", "ck", prefix=tuple(net.exec_prefix("m3"))),
+        ]
+        g.produce(300)
+        g.wait_balanced(members, timeout=120)
+        g.wait_consumed_and_committed()
+        coordinator = net.coordinator_for(g.group)
+        t_fault = time.time()
+        net.slow(coordinator, 1.0)
+        g.produce(200)
+        time.sleep(10.0)
+        during = {
+            p.name: sum(
+                1 for e in g.events(p) if e["ev"] == "rec" and t_fault + 1 < e["t"] <= time.time()
+            )
+            for p in members
+        }
+        net.reset(coordinator)
+        net.heal()
+        g.produce(100)
+        ends = g.wait_consumed_and_committed(timeout=120)
+        callbacks = [
+            (e["inc"], e["ev"])
+            for e in g.events()
+            if e["ev"] in ("revoke", "lost") and e["t"] > t_fault
+        ]
+        results["slow 1 s + reset"] = (
+            f"coordinator node {coordinator}; records processed while slow {during}; "
+            f"callbacks after the fault {callbacks}"
+        )
+        assert not [c for c in callbacks if c[0].startswith("sdk1")], results
+        assert all(p.alive() for p in members), g.stderr()
+        g.close()
+        try:
+            summary = g.check(ends, OVERLAP_TOLERANCE_S)
+        finally:
+            print("\n".join(f"{k}: {v}" for k, v in results.items()))
         results["checker"] = summary.format().replace("\n", "; ")
     finally:
         g.close()
