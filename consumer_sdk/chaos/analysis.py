@@ -122,8 +122,9 @@ class Summary:
     overlaps_mock_reset: int = 0
     zombie_windows: int = 0
     zombie_max_s: float = 0.0
-    #: records a member processed after the broker could have fenced it and before it
-    #: learned (inside its zombie windows), per client: ``sdk`` / ``ck``
+    #: records a member processed inside its zombie windows after its session could have
+    #: expired (one session after its last answered heartbeat was sent) and before it
+    #: learned it was fenced, per client: ``sdk`` / ``ck``
     zombie_records: dict[str, int] = field(default_factory=dict)
     committed_regressions: int = 0
     uncommitted_at_end: int = 0
@@ -496,6 +497,18 @@ def _mock_reset_evidence(
     return None
 
 
+def _session_bound(inc: Incarnation, before: float, session_s: float) -> float:
+    """When the member's session could first have expired on the broker: one session after
+    the send of its last heartbeat answered without error before ``before`` (records it
+    handed out until then were its own); ``-inf`` for a member without a trace."""
+    sent = [
+        ev["sent"]
+        for ev in inc.events
+        if ev["ev"] == "hb" and ev.get("err") == 0 and ev.get("sent") and ev["t"] <= before
+    ]
+    return max(sent) + session_s if sent else float("-inf")
+
+
 def _impl(inc: Incarnation) -> str:
     return next((str(e.get("impl")) for e in inc.events if e["ev"] == "start"), "")
 
@@ -647,8 +660,9 @@ def analyze(
         for i, a in enumerate(ivs):
             for b in ivs[i + 1 :]:
                 if a.end <= b.start < a.lost_at and a.incarnation != b.incarnation:
+                    since = max(a.end, _session_bound(incs[a.incarnation], a.lost_at, session_s))
                     for ev in incs[a.incarnation].events:
-                        if ev["ev"] == "rec" and ev["p"] == p and a.end <= ev["t"] < a.lost_at:
+                        if ev["ev"] == "rec" and ev["p"] == p and since <= ev["t"] < a.lost_at:
                             key = (a.incarnation, p, ev["o"])
                             if key not in zombie_seen:
                                 zombie_seen.add(key)
