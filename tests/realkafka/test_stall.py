@@ -47,7 +47,7 @@ def test_the_sdk_learns_the_groups_session_timeout(real_kafka: Any) -> None:
     try:
         c.subscribe([topic])
         wait_until(lambda: c.poll(0.1) is None and c.assignment(), 60, 0.0, "an assignment")
-        wait_until(lambda: c._core.session_timeout_ms == 6000, 10, 0.1, "session 6000 ms")
+        wait_until(lambda: c._net.core.session_timeout_ms == 6000, 10, 0.1, "session 6000 ms")
     finally:
         c.close()
 
