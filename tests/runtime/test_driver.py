@@ -59,8 +59,13 @@ class ScriptedTransport:
     def __init__(self) -> None:
         self.sent: list[Outbound] = []
         self.conn: Hashable | None = ("conn", 1)
+        # The group's session timeout (DescribeConfigs), asked once: kept apart.
+        self.session_asks: list[Outbound] = []
 
     def send(self, request: Outbound) -> None:
+        if request.api is Api.GROUP_SESSION_TIMEOUT:
+            self.session_asks.append(request)
+            return
         self.sent.append(request)
 
     def connection_id(self, coordinator: Coordinator) -> Hashable | None:
@@ -236,3 +241,20 @@ def test_a_disconnected_heartbeat_forgets_the_coordinator_for_every_member() -> 
     d.on_failure(1, hb, Failure(FailureKind.DISCONNECTED, "reset", E.NETWORK_EXCEPTION))
     assert "g" not in shared.coordinators.known
     assert d.coordinator.coordinator is None and not d.core.coordinator_known
+
+
+def test_the_groups_session_timeout_is_asked_once_and_retried_after_a_failure() -> None:
+    """DescribeConfigs of the group when the coordinator is first found (the bound of the
+    zombie-record gate); a retriable failure asks again at the next coordinator found."""
+    d, t = joined()
+    [ask] = t.session_asks
+    assert ask.payload == "g" and ask.coordinator is None
+    d.on_failure(0, ask, Failure(FailureKind.DISCONNECTED, "gone"))
+    assert d.core.session_timeout_ms == 45_000
+    d._coordinator_found(0)
+    [_, again] = t.session_asks
+    d.on_response(0, again, 6000)
+    assert d.core.session_timeout_ms == 6000
+    assert d.snapshot().handout_deadline_ms is not None
+    d._coordinator_found(0)
+    assert len(t.session_asks) == 2
