@@ -38,6 +38,7 @@ from consumer_sdk.membership.ids import new_member_id
 from consumer_sdk.membership.manager import MembershipManager
 from consumer_sdk.membership.metrics import MembershipMetrics
 from consumer_sdk.membership.reconciler import LocalAssignment
+from consumer_sdk.membership.stall import may_hand_out
 from consumer_sdk.membership.state import MemberState
 
 
@@ -200,15 +201,19 @@ class GroupMembership:
         elif isinstance(event, Subscribe):
             m.handle_subscribe(now_ms, event)
         elif isinstance(event, Unsubscribe):
-            m.handle_unsubscribe(now_ms)
+            m.handle_unsubscribe(now_ms, unconfirmed=self._unconfirmed(now_ms))
         elif isinstance(event, CallbackCompleted):
             m.handle_callback_completed(now_ms, event)
         elif isinstance(event, CommitCompleted):
             m.handle_commit_completed(now_ms, event)
         elif isinstance(event, Close):
-            m.handle_close(now_ms, event.option)
+            m.handle_close(now_ms, event.option, unconfirmed=self._unconfirmed(now_ms))
         else:  # pragma: no cover - exhaustive over ApplicationEvent
             raise TypeError(f"not an application event: {event!r}")
+
+    def _unconfirmed(self, now_ms: int) -> bool:
+        """No heartbeat answer has confirmed the membership within the session timeout."""
+        return not may_hand_out(now_ms, self.confirmed_sent_ms, self.session_timeout_ms)
 
     def drain_background_events(self) -> list[BackgroundEvent]:
         """Remove and return the queued background events, oldest first (thread-safe)."""

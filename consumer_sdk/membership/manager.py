@@ -132,6 +132,8 @@ class MembershipManager:
 
         self._leave_in_progress = False
         self._leave_hb_sent = False
+        # The leave under way began with the membership unconfirmed past the session.
+        self._leave_unconfirmed = False
         self._leaving_due_to_poll_timer = False
         self._stale_release_pending = False
         self._rejoin_when_released = False
@@ -290,7 +292,10 @@ class MembershipManager:
             f"pattern {event.pattern!r}" if event.pattern is not None else list(event.topics),
         )
 
-    def handle_unsubscribe(self, now_ms: int) -> None:
+    def handle_unsubscribe(self, now_ms: int, *, unconfirmed: bool = False) -> None:
+        """``unconfirmed``: no heartbeat answer has confirmed the membership for longer than
+        the session timeout (see `consumer_sdk.membership.stall`): the partitions are
+        released as lost, not revoked."""
         self._now = now_ms
         if self._closed:
             self._log.warning("Ignoring unsubscribe: the consumer is closed")
@@ -302,9 +307,10 @@ class MembershipManager:
             self._emit(self._fatal)
             self._emit(LeaveCompleted(heartbeat_sent=False))
             return
-        self._leave_group(close=False)
+        self._leave_group(close=False, unconfirmed=unconfirmed)
 
-    def handle_close(self, now_ms: int, option: CloseOption) -> None:
+    def handle_close(self, now_ms: int, option: CloseOption, *, unconfirmed: bool = False) -> None:
+        """``unconfirmed``: as for `handle_unsubscribe`."""
         self._now = now_ms
         if self._closed:
             self._log.debug("Ignoring close: the consumer is already closed")
@@ -317,7 +323,7 @@ class MembershipManager:
         if self._fatal is not None:
             self._emit(LeaveCompleted(heartbeat_sent=False))
             return
-        self._leave_group(close=True)
+        self._leave_group(close=True, unconfirmed=unconfirmed)
 
     def handle_poll(self, now_ms: int) -> None:
         """The application is inside ``poll()``: run the commit-safe reconciliation pass, then
@@ -656,7 +662,7 @@ class MembershipManager:
     # Leave (epoch -1, or -2 for a static member; close options; the poll timer)
     # ------------------------------------------------------------------------------------------
 
-    def _leave_group(self, close: bool) -> None:
+    def _leave_group(self, close: bool, unconfirmed: bool = False) -> None:
         state = self._sm.state
         if state in NOT_IN_GROUP:
             if state is S.FENCED:
@@ -669,8 +675,15 @@ class MembershipManager:
             return
         self._leave_in_progress = True
         self._leave_hb_sent = False
+        self._leave_unconfirmed = unconfirmed
         self._to(S.PREPARE_LEAVING, "close" if close else "unsubscribe")
-        if self._cfg.auto_commit and self._epoch > 0 and self._rec.owned:
+        if self._leave_unconfirmed and self._rec.owned:
+            # Its session may have expired: another member may own the partitions by now.
+            self._log.info(
+                "No heartbeat answer has confirmed the membership for longer than the session "
+                "timeout: releasing the partitions as lost, without a commit"
+            )
+        elif self._cfg.auto_commit and self._epoch > 0 and self._rec.owned:
             # Commit what was consumed while the offsets still carry a valid epoch, before the
             # release callback and the leave heartbeat (close and unsubscribe alike).
             self._rec.mark_pending_revocation(self._rec.owned)
@@ -680,7 +693,9 @@ class MembershipManager:
 
     def _leave_release(self) -> None:
         in_group = self._sm.state is S.PREPARE_LEAVING and self._epoch > 0
-        kind = CallbackKind.REVOKED if in_group else CallbackKind.LOST
+        kind = (
+            CallbackKind.REVOKED if in_group and not self._leave_unconfirmed else CallbackKind.LOST
+        )
         self._release(kind, _Purpose.LEAVE_RELEASE)
 
     def _leave_released(self, error: str | None) -> None:

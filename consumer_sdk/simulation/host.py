@@ -335,7 +335,10 @@ class MemberHost(SimBase):
         self._push(arrive, _ARRIVE, m.slot, x, m)
 
     def _answer(self, request: Outbound) -> Any:
-        """What any broker answers to FindCoordinator and Metadata."""
+        """What any broker answers to FindCoordinator, Metadata and the group's session
+        timeout (DescribeConfigs)."""
+        if request.api is Api.GROUP_SESSION_TIMEOUT:
+            return self.config.session_timeout_ms
         if request.api is Api.FIND_COORDINATOR:
             node = self._coord_node
             if self._coord_down_until > self.now:

@@ -443,3 +443,42 @@ def test_unsubscribe_in_each_state(state: MemberState) -> None:
         assert d.hb() is None
     d.app_poll()
     assert d.state is not S.JOINING  # unsubscribed members never rejoin on their own
+
+
+# ----------------------------------------------------------------------------------------------
+# Leaving with the membership unconfirmed past the session (see membership.stall)
+# ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("how", ["unsubscribe", "close"])
+def test_leave_unconfirmed_past_the_session_releases_as_lost_without_a_commit(how: str) -> None:
+    """Cut off from the coordinator for longer than the session, the member cannot know it
+    was fenced; another member may own its partitions by now, so they are lost, not revoked
+    (and the auto-commit before a revocation is not made)."""
+    d = stable(auto_commit=True)
+    d.core.set_session_timeout(20_000)
+    confirmed = d.core.confirmed_sent_ms
+    assert confirmed is not None
+    d.advance(INTERVAL)
+    d.must_hb()
+    d.fail(FailureKind.DISCONNECTED)  # no answer confirms the membership any more
+    d.advance(confirmed + 20_001 - d.now)
+    d.unsubscribe() if how == "unsubscribe" else d.close()
+    assert d.state is S.PREPARE_LEAVING
+    (lost,) = d.pending_callbacks()
+    assert (lost.kind, lost.partitions) == (LOST, (("t1", 0), ("t1", 1)))
+    assert d.pending_commits() == []
+
+
+def test_leave_within_the_session_still_revokes() -> None:
+    d = stable()
+    d.core.set_session_timeout(20_000)
+    confirmed = d.core.confirmed_sent_ms
+    assert confirmed is not None
+    d.advance(INTERVAL)
+    d.must_hb()
+    d.fail(FailureKind.DISCONNECTED)
+    d.advance(confirmed + 20_000 - d.now)  # still within one session of the confirmed send
+    d.unsubscribe()
+    (revoked,) = d.pending_callbacks()
+    assert revoked.kind is REVOKED
