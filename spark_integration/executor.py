@@ -16,13 +16,16 @@ import json
 import logging
 import threading
 import time
+from bisect import bisect_left
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from itertools import repeat
+from operator import is_not, itemgetter
+from typing import Any, cast
 
 import pyarrow as pa
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from spark_integration.offsets import DataLossError, OffsetRange
 
@@ -57,6 +60,14 @@ _UNKNOWN = frozenset(
 )
 # confluent-kafka's TIMESTAMP_* -> Kafka's TimestampType id, as Spark's source reports it.
 _TIMESTAMP_TYPE = {0: -1, 1: 0, 2: 1}
+# Unbound C methods, mapped over a consume() batch without a Python frame per record.
+_KEY, _VALUE, _OFFSET, _ERROR = Message.key, Message.value, Message.offset, Message.error
+_TIMESTAMP, _TOPIC, _PARTITION = Message.timestamp, Message.topic, Message.partition
+_FIRST, _SECOND = itemgetter(0), itemgetter(1)
+_TS_MS, _TS_US = pa.timestamp("ms", tz="UTC"), pa.timestamp("us", tz="UTC")
+_HEADERS_TYPE = pa.list_(
+    pa.field("element", pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())]))
+)
 
 
 def arrow_schema(include_headers: bool) -> pa.Schema:
@@ -67,12 +78,11 @@ def arrow_schema(include_headers: bool) -> pa.Schema:
         pa.field("topic", pa.string()),
         pa.field("partition", pa.int32()),
         pa.field("offset", pa.int64()),
-        pa.field("timestamp", pa.timestamp("us", tz="UTC")),
+        pa.field("timestamp", _TS_US),
         pa.field("timestampType", pa.int32()),
     ]
     if include_headers:
-        header = pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())])
-        fields.append(pa.field("headers", pa.list_(pa.field("element", header))))
+        fields.append(pa.field("headers", _HEADERS_TYPE))
     return pa.schema(fields)
 
 
@@ -183,6 +193,10 @@ atexit.register(close_cached_consumers)
 
 
 class _Columns:
+    """Columns of one partition's records, collected a ``consume()`` batch at a time: each
+    column is gathered with a C-level ``map`` over the batch (no per-record Python frame),
+    and the Arrow arrays are built once per Arrow batch."""
+
     def __init__(self, include_headers: bool) -> None:
         self.include_headers = include_headers
         self.clear()
@@ -190,61 +204,72 @@ class _Columns:
     def clear(self) -> None:
         self.keys: list[bytes | None] = []
         self.values: list[bytes | None] = []
-        self.offsets: list[int] = []
-        self.timestamps: list[int] = []
-        self.ts_types: list[int] = []
+        self.offsets: list[int | None] = []
+        self.timestamps: list[tuple[int, int]] = []  # (confluent-kafka type, ms)
         self.headers: list[list[dict[str, Any]] | None] = []
 
     def __len__(self) -> int:
         return len(self.offsets)
 
-    def add(self, msg: Any) -> None:
-        self.keys.append(msg.key())
-        self.values.append(msg.value())
-        self.offsets.append(msg.offset())
-        ts_type, ts = msg.timestamp()
-        self.timestamps.append(ts * 1000)
-        self.ts_types.append(_TIMESTAMP_TYPE.get(ts_type, -1))
+    def extend(self, msgs: Sequence[Message], offsets: Sequence[int | None]) -> None:
+        """Add data records (no error events); ``offsets`` are theirs, in the same order."""
+        self.keys.extend(map(_KEY, msgs))
+        self.values.extend(map(_VALUE, msgs))
+        self.offsets.extend(offsets)
+        self.timestamps.extend(map(_TIMESTAMP, msgs))
         if self.include_headers:
-            headers = msg.headers()
-            self.headers.append([{"key": k, "value": v} for k, v in headers] if headers else None)
+            self.headers.extend(map(_header_rows, msgs))
 
-    def batch(self, schema: pa.Schema, topic: str, partition: int) -> pa.RecordBatch:
-        n = len(self.offsets)
+    def arrays(self) -> list[pa.Array]:
+        """The key, value, offset, timestamp, timestampType (and headers) arrays; clears."""
         arrays = [
             pa.array(self.keys, pa.binary()),
             pa.array(self.values, pa.binary()),
-            pa.array([topic] * n, pa.string()),
-            pa.array([partition] * n, pa.int32()),
             pa.array(self.offsets, pa.int64()),
-            pa.array(self.timestamps, pa.timestamp("us", tz="UTC")),
-            pa.array(self.ts_types, pa.int32()),
+            # A safe cast: out-of-range milliseconds raise, as converting ms * 1000 does.
+            pa.array(list(map(_SECOND, self.timestamps)), _TS_MS).cast(_TS_US),
+            _timestamp_types(self.timestamps),
         ]
         if self.include_headers:
-            arrays.append(pa.array(self.headers, schema.field("headers").type))
-        out = pa.RecordBatch.from_arrays(arrays, schema=schema)
+            arrays.append(pa.array(self.headers, _HEADERS_TYPE))
         self.clear()
-        return out
+        return arrays
+
+    def batch(self, schema: pa.Schema, topic: str, partition: int) -> pa.RecordBatch:
+        n = len(self.offsets)
+        key, value, offset, ts, ts_type, *headers = self.arrays()
+        topics = pa.repeat(pa.scalar(topic, pa.string()), n)
+        partitions = pa.repeat(pa.scalar(partition, pa.int32()), n)
+        return pa.RecordBatch.from_arrays(
+            [key, value, topics, partitions, offset, ts, ts_type, *headers], schema=schema
+        )
 
 
-def records_to_batch(messages: list[Any], include_headers: bool = False) -> pa.RecordBatch:
+def _header_rows(msg: Any) -> list[dict[str, Any]] | None:
+    headers = msg.headers()
+    return [{"key": k, "value": v} for k, v in headers] if headers else None
+
+
+def _timestamp_types(timestamps: list[tuple[int, int]]) -> pa.Array:
+    """Spark's timestampType per record; one ``pa.repeat`` when the batch has one kind."""
+    distinct = set(map(_FIRST, timestamps))
+    if len(distinct) == 1:
+        (kind,) = distinct
+        return pa.repeat(pa.scalar(_TIMESTAMP_TYPE.get(kind, -1), pa.int32()), len(timestamps))
+    return pa.array([_TIMESTAMP_TYPE.get(k, -1) for k, _ in timestamps], pa.int32())
+
+
+def records_to_batch(messages: list[Message], include_headers: bool = False) -> pa.RecordBatch:
     """confluent-kafka messages (any partitions) as one batch in the Kafka source schema."""
-    schema = arrow_schema(include_headers)
     cols = _Columns(include_headers)
-    for msg in messages:
-        cols.add(msg)
-    arrays = [
-        pa.array(cols.keys, pa.binary()),
-        pa.array(cols.values, pa.binary()),
-        pa.array([m.topic() for m in messages], pa.string()),
-        pa.array([m.partition() for m in messages], pa.int32()),
-        pa.array(cols.offsets, pa.int64()),
-        pa.array(cols.timestamps, pa.timestamp("us", tz="UTC")),
-        pa.array(cols.ts_types, pa.int32()),
-    ]
-    if include_headers:
-        arrays.append(pa.array(cols.headers, schema.field("headers").type))
-    return pa.RecordBatch.from_arrays(arrays, schema=schema)
+    cols.extend(messages, list(map(_OFFSET, messages)))
+    key, value, offset, ts, ts_type, *headers = cols.arrays()
+    topics = pa.array(list(map(_TOPIC, messages)), pa.string())
+    partitions = pa.array(list(map(_PARTITION, messages)), pa.int32())
+    return pa.RecordBatch.from_arrays(
+        [key, value, topics, partitions, offset, ts, ts_type, *headers],
+        schema=arrow_schema(include_headers),
+    )
 
 
 def _data_loss(task: ReadTask, r: OffsetRange, message: str) -> None:
@@ -339,55 +364,32 @@ def _consume(
     position = r.from_offset  # next offset this range still needs
     deadline = time.monotonic() + task.poll_timeout_ms / 1000
     stall_check = time.monotonic() + _STALL_CHECK_S
+    size = task.arrow_batch_size
     while position < r.until_offset:
-        wanted = min(r.until_offset - position, task.arrow_batch_size)
+        # Never more than the range still needs nor than fits the Arrow batch being filled.
+        wanted = min(r.until_offset - position, size - len(cols))
         msgs = entry.consumer.consume(wanted, _CONSUME_SLICE_S)
-        progressed = False
-        for msg in msgs:
-            err = msg.error()
-            if err is not None:
-                if err.code() == KafkaError._PARTITION_EOF:
-                    eof = msg.offset()
-                    if eof is not None and eof >= r.until_offset:
-                        position = r.until_offset  # the rest were control records or gaps
-                    elif eof is not None:
-                        # Not there yet (e.g. read_committed behind an open transaction).
-                        position = max(position, eof)
-                    continue
-                if err.code() == KafkaError._AUTO_OFFSET_RESET or (
-                    err.code() == KafkaError.OFFSET_OUT_OF_RANGE
-                ):
-                    _data_loss(task, r, f"offset {position} is out of range ({err.str()})")
-                    return_to = _earliest_after(entry, r.topic, r.partition, position)
-                    if return_to is None or return_to >= r.until_offset:
-                        position = r.until_offset
-                    else:
-                        position = return_to
-                        entry.consumer.assign([TopicPartition(r.topic, r.partition, position)])
-                    progressed = True
-                    break
-                if err.code() in _UNKNOWN:
-                    if _topic_gone(entry, r.topic, r.partition):
-                        _data_loss(
-                            task, r, f"the topic or partition no longer exists ({err.str()})"
-                        )
-                        return
-                    continue
-                if err.fatal() or not err.retriable():
-                    raise KafkaException(err)
-                log.warning("reading %s[%d]: %s", r.topic, r.partition, err.str())
-                continue
-            offset = msg.offset()
-            if offset is None or offset < position:
-                continue  # left over from before a seek
-            if offset >= r.until_offset:
+        offsets = cast(list[int], list(map(_OFFSET, msgs)))  # ints unless an error event
+        # (`is not`, not ==: KafkaError's == with None leaves a TypeError set.)
+        errors = any(map(is_not, map(_ERROR, msgs), repeat(None)))
+        if msgs and not errors and offsets[0] >= position:
+            # Only records, none left over from before a seek: the whole batch at once.
+            # One partition's records come in offset order, so a cut at the range's end
+            # is a bisection and the rest are below it.
+            if offsets[-1] >= r.until_offset:
+                cut = bisect_left(offsets, r.until_offset)
+                msgs, offsets = msgs[:cut], offsets[:cut]
                 position = r.until_offset
-                break
-            cols.add(msg)
-            position = offset + 1
-            progressed = True
-            if len(cols) >= task.arrow_batch_size:
-                yield cols.batch(schema, r.topic, r.partition)
+            if offsets:
+                cols.extend(msgs, offsets)
+                position = max(position, offsets[-1] + 1)
+            progressed = bool(offsets)
+        else:
+            progressed, position, lost = _consume_slowly(task, entry, r, msgs, cols, position)
+            if lost:
+                return
+        if len(cols) >= size:
+            yield cols.batch(schema, r.topic, r.partition)
         if position >= r.until_offset:
             break
         if not progressed:
@@ -409,6 +411,62 @@ def _consume(
             stall_check = time.monotonic() + _STALL_CHECK_S
     if len(cols):
         yield cols.batch(schema, r.topic, r.partition)
+
+
+def _consume_slowly(
+    task: ReadTask, entry: _Cached, r: OffsetRange, msgs: list[Message], cols: _Columns, at: int
+) -> tuple[bool, int, bool]:
+    """A ``consume()`` batch with error events or stale records, one message at a time.
+
+    Returns (progressed, the new position, whether the partition is gone: stop reading)."""
+    position, progressed = at, False
+    data: list[Message] = []
+    data_offsets: list[int | None] = []
+    for msg in msgs:
+        err = msg.error()
+        if err is not None:
+            if err.code() == KafkaError._PARTITION_EOF:
+                eof = msg.offset()
+                if eof is not None and eof >= r.until_offset:
+                    position = r.until_offset  # the rest were control records or gaps
+                elif eof is not None:
+                    # Not there yet (e.g. read_committed behind an open transaction).
+                    position = max(position, eof)
+                continue
+            if err.code() == KafkaError._AUTO_OFFSET_RESET or (
+                err.code() == KafkaError.OFFSET_OUT_OF_RANGE
+            ):
+                _data_loss(task, r, f"offset {position} is out of range ({err.str()})")
+                return_to = _earliest_after(entry, r.topic, r.partition, position)
+                if return_to is None or return_to >= r.until_offset:
+                    position = r.until_offset
+                else:
+                    position = return_to
+                    entry.consumer.assign([TopicPartition(r.topic, r.partition, position)])
+                progressed = True
+                break
+            if err.code() in _UNKNOWN:
+                if _topic_gone(entry, r.topic, r.partition):
+                    _data_loss(task, r, f"the topic or partition no longer exists ({err.str()})")
+                    return progressed, position, True
+                continue
+            if err.fatal() or not err.retriable():
+                raise KafkaException(err)
+            log.warning("reading %s[%d]: %s", r.topic, r.partition, err.str())
+            continue
+        offset = msg.offset()
+        if offset is None or offset < position:
+            continue  # left over from before a seek
+        if offset >= r.until_offset:
+            position = r.until_offset
+            break
+        data.append(msg)
+        data_offsets.append(offset)
+        position = offset + 1
+        progressed = True
+    if data:
+        cols.extend(data, data_offsets)
+    return progressed, position, False
 
 
 def _earliest_after(entry: _Cached, topic: str, partition: int, position: int) -> int | None:

@@ -180,3 +180,157 @@ def test_a_task_positions_its_consumers_up_front_and_returns_unread_ones(
     finally:
         close_cached_consumers()
     assert cached_consumers() == 0
+
+
+def _reference_rows(messages: list[object], include_headers: bool) -> list[dict[str, object]]:
+    """What Spark's Kafka source yields for each message, built one record at a time."""
+    from datetime import UTC, datetime, timedelta
+
+    kinds = {0: -1, 1: 0, 2: 1}
+    rows = []
+    for m in messages:
+        kind, ms = m.timestamp()  # type: ignore[attr-defined]
+        row = {
+            "key": m.key(),  # type: ignore[attr-defined]
+            "value": m.value(),  # type: ignore[attr-defined]
+            "topic": m.topic(),  # type: ignore[attr-defined]
+            "partition": m.partition(),  # type: ignore[attr-defined]
+            "offset": m.offset(),  # type: ignore[attr-defined]
+            "timestamp": datetime(1970, 1, 1, tzinfo=UTC) + timedelta(milliseconds=ms),
+            "timestampType": kinds[kind],
+        }
+        if include_headers:
+            hs = m.headers()  # type: ignore[attr-defined]
+            row["headers"] = [{"key": k, "value": v} for k, v in hs] if hs else None
+        rows.append(row)
+    return rows
+
+
+def test_arrow_columns_match_each_record_exactly(embedded_kafka: EmbeddedKafka) -> None:
+    """Keys and values (null ones too), headers (none, empty value, several), producer
+    timestamps and offsets come out of a range read in batches, and out of
+    ``records_to_batch``, exactly as a plain consumer sees each record; a range that ends
+    inside a fetched batch stops at its end, and the next range continues from there."""
+    from confluent_kafka import Consumer, Producer, TopicPartition
+
+    from spark_integration.executor import (
+        ReadTask,
+        arrow_schema,
+        close_cached_consumers,
+        read_range,
+        records_to_batch,
+    )
+
+    topic = "ex-exact"
+    embedded_kafka.create_topic(topic, partitions=1)
+    producer = Producer({"bootstrap.servers": embedded_kafka.bootstrap_servers})
+    base_ms = 1_700_000_000_123
+    for i in range(120):
+        producer.produce(
+            topic,
+            None if i % 11 == 3 else f"value-{i}".encode(),
+            key=None if i % 7 == 2 else f"k{i}".encode(),
+            partition=0,
+            timestamp=base_ms + 1000 * i,
+            headers=None if i % 3 == 0 else [("a", f"{i}".encode()), ("b", None), ("a", b"")],
+        )
+    assert producer.flush(10) == 0
+
+    plain = Consumer(
+        {
+            "bootstrap.servers": embedded_kafka.bootstrap_servers,
+            "group.id": "ex-exact-plain",
+            "enable.auto.commit": False,
+        }
+    )
+    try:
+        plain.assign([TopicPartition(topic, 0, 0)])
+        messages: list[object] = []
+        while len(messages) < 120:
+            messages += [m for m in plain.consume(120 - len(messages), 5.0) if m.error() is None]
+    finally:
+        plain.close()
+    opts = SourceOptions.parse(
+        {
+            "kafka.bootstrap.servers": embedded_kafka.bootstrap_servers,
+            "group.id": "ex-exact-g",
+            "subscribe": topic,
+        }
+    )
+
+    def read(frm: int, until: int, headers: bool) -> list[pa.RecordBatch]:
+        task = ReadTask.make(
+            OffsetRange(topic, 0, frm, until),
+            opts.fetch_config("executor"),
+            include_headers=headers,
+            fail_on_data_loss=True,
+            poll_timeout_ms=10_000,
+            arrow_batch_size=7,
+        )
+        return list(read_range(task))
+
+    close_cached_consumers()
+    try:
+        for headers in (True, False):
+            ref = _reference_rows(messages, headers)
+            assert records_to_batch(messages, headers).to_pylist() == ref  # type: ignore[arg-type]
+            first = read(0, 45, headers)
+            assert [b.num_rows for b in first] == [7] * 6 + [3]
+            assert all(b.schema.equals(arrow_schema(headers)) for b in first)
+            rest = read(45, 120, headers)
+            assert pa.Table.from_batches(first + rest).to_pylist() == ref
+            assert pa.Table.from_batches(read(3, 4, headers)).to_pylist() == ref[3:4]
+    finally:
+        close_cached_consumers()
+    assert records_to_batch([]).num_rows == 0
+
+
+def test_ranges_over_transaction_markers_end_exactly(embedded_kafka: EmbeddedKafka) -> None:
+    """Committed transactions leave a control record (an offset with no record) after each
+    transaction: a range ending just past one stops at its end although the consumer has
+    the next records fetched, and the next range continues from there."""
+    from confluent_kafka import Producer
+
+    from spark_integration.executor import ReadTask, close_cached_consumers, read_range
+
+    topic = "ex-txn"
+    embedded_kafka.create_topic(topic, partitions=1)
+    producer = Producer(
+        {"bootstrap.servers": embedded_kafka.bootstrap_servers, "transactional.id": "ex-txn"}
+    )
+    producer.init_transactions(30)
+    for _ in range(3):  # offsets 0-4, 6-10, 12-16; markers at 5, 11, 17
+        producer.begin_transaction()
+        for i in range(5):
+            producer.produce(topic, f"v{i}".encode(), partition=0)
+        producer.commit_transaction(30)
+    opts = SourceOptions.parse(
+        {
+            "kafka.bootstrap.servers": embedded_kafka.bootstrap_servers,
+            "group.id": "ex-txn-g",
+            "subscribe": topic,
+        }
+    )
+
+    def offsets(frm: int, until: int) -> list[int]:
+        task = ReadTask.make(
+            OffsetRange(topic, 0, frm, until),
+            opts.fetch_config("executor"),
+            include_headers=False,
+            fail_on_data_loss=True,
+            poll_timeout_ms=10_000,
+            arrow_batch_size=4,
+        )
+        batches = list(read_range(task))
+        assert all(b.num_rows <= 4 for b in batches)
+        return [o for b in batches for o in b.column("offset").to_pylist()]
+
+    close_cached_consumers()
+    try:
+        assert offsets(0, 7) == [0, 1, 2, 3, 4, 6]
+        assert offsets(7, 13) == [7, 8, 9, 10, 12]
+        assert offsets(13, 18) == [13, 14, 15, 16]
+        assert offsets(5, 6) == []
+        assert offsets(0, 18) == [o for o in range(17) if o not in (5, 11)]
+    finally:
+        close_cached_consumers()
