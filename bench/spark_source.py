@@ -9,7 +9,10 @@ Not a test. Run from the repository root (needs the spark extra and Java 17)::
 ``--real``: 2.4M records of 100 bytes in 12 partitions on a real broker, in one run: a
 direct read in this process, a hand-written ``mapInArrow`` job (one assign-only consumer
 per partition and task) and the kip848 query with its defaults (``Trigger.AvailableNow``,
-``maxOffsetsPerTrigger=500000``, noop sink), by wall time and by the summed ``addBatch``.
+``maxOffsetsPerTrigger=500000``, noop sink), by wall time and by the summed ``addBatch``;
+and the fixed per-query cost (query start to its first trigger, plus what follows its
+triggers: the final empty trigger and the stop) of a one-record-per-partition kip848 query
+against a no-op Python streaming source's one batch planned as as many tasks.
 
 Against one EmbeddedKafka broker (4 partitions, 100-byte values), in one run:
 
@@ -458,15 +461,18 @@ def run_real(quick: bool = False) -> dict[str, Any]:
     records = 240_000 if quick else 2_400_000
     out: dict[str, Any] = {"records": records}
     spark = _spark()
+    spark.dataSource.register(_noop_source())
     try:
         with KafkaCluster(nodes=1) as kafka, tempfile.TemporaryDirectory() as tmp:
             workdir = Path(tmp)
             bootstrap = kafka.bootstrap_servers
             kafka.create_topic("bench-real", partitions=REAL_PARTITIONS)
             kafka.create_topic("bench-real-warm", partitions=REAL_PARTITIONS)
+            kafka.create_topic("bench-real-fixed", partitions=REAL_PARTITIONS)
             _step(f"producing {records} records to a real broker")
             _produce(bootstrap, "bench-real", records, REAL_PARTITIONS)
             _produce(bootstrap, "bench-real-warm", 12_000, REAL_PARTITIONS)
+            _produce(bootstrap, "bench-real-fixed", REAL_PARTITIONS, REAL_PARTITIONS)
             ends = {p: records // REAL_PARTITIONS for p in range(REAL_PARTITIONS)}
             _step("warm-up query (Python workers)")
             _query(spark, bootstrap, "bench-real-warm", "bench-real-warm", None, workdir)
@@ -487,11 +493,26 @@ def run_real(quick: bool = False) -> dict[str, Any]:
             )
             job_s = time.perf_counter() - started
             _step("kip848 query")
-            wall, _, progress = _query(
+            wall, t0, progress = _query(
                 spark, bootstrap, "bench-real", "bench-real-g", 500_000, workdir
             )
             assert sum(p["numInputRows"] for p in progress) == records
             add_s = sum(p["durationMs"].get("addBatch", 0) for p in progress) / 1000
+            before, _, after = _phases(wall, t0, progress)
+            _step("fixed per-query cost: a 12-record kip848 query and a no-op source query")
+            # One record per partition: start to first trigger plus what follows the
+            # triggers, for a query that reads almost nothing; the no-op source (no I/O,
+            # one batch planned as 12 tasks) on the same session is Spark's floor for it.
+            small_wall, small_t0, small = _query(
+                spark, bootstrap, "bench-real-fixed", "bench-real-fixed", None, workdir
+            )
+            assert sum(p["numInputRows"] for p in small) == REAL_PARTITIONS
+            fixed = sum(_phases(small_wall, small_t0, small)[::2])
+            _noop_query(spark, 12, 1, workdir / "noop-warm", REAL_PARTITIONS)
+            noop_wall, noop_t0, noop = _noop_query(
+                spark, 12, 1, workdir / "noop-fixed", REAL_PARTITIONS
+            )
+            noop_fixed = sum(_phases(noop_wall, noop_t0, noop)[::2])
     finally:
         spark.stop()
     out["direct confluent-kafka -> Arrow (one process), s"] = round(direct_s, 2)
@@ -501,6 +522,15 @@ def run_real(quick: bool = False) -> dict[str, Any]:
     out["ratio kip848 / mapInArrow, by summed addBatch (speed)"] = round(job_s / add_s, 2)
     out["ratio kip848 / direct, by summed addBatch (speed)"] = round(direct_s / add_s, 2)
     out["ratio kip848 / direct, by wall time (speed)"] = round(direct_s / wall, 2)
+    out["kip848 query: before the first trigger / after the triggers, s"] = (
+        f"{before:.2f} / {after:.2f}"
+    )
+    out["fixed per-query cost (start to first trigger + after), kip848 / no-op source, s"] = (
+        f"{fixed:.2f} / {noop_fixed:.2f}"
+    )
+    out["ratio fixed per-query cost kip848 / no-op source (cost; goal <= 1.2)"] = round(
+        fixed / noop_fixed, 2
+    )
     return out
 
 
