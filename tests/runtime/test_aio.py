@@ -452,9 +452,13 @@ def test_differential_group_hand_over_commits_close(
         produced = 0
 
         async def produce_round() -> None:
+            # Into every partition: an unkeyed batch may land in one (the real broker's sticky
+            # partitioner), leaving owned partitions with nothing to check the commit against.
             nonlocal produced
-            await asyncio.to_thread(kafka_backend.produce, topic, [b"r"] * per_round)
-            produced += per_round
+            for p in range(partitions):
+                values = [b"r"] * (per_round // partitions)
+                await asyncio.to_thread(kafka_backend.produce, topic, values, partition=p)
+            produced += per_round // partitions * partitions
 
         try:
             await produce_round()
