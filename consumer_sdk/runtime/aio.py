@@ -593,12 +593,7 @@ class AIOConsumer(AIOGroupMember):
         s = self._sync
         if s._error_events and not s._closed:
             return s._error_events.popleft()
-        if s._closed or s._fatal is not None or s._net.failure is not None:
-            s._ensure_usable()
-        now = time.monotonic()
-        if now >= s._next_post_poll:
-            s._post_poll_limited(now)
-        deadline = now + _wait_seconds(timeout)
+        deadline = s._begin_read() + _wait_seconds(timeout)
         fetcher = s._fetcher
         await self._take_turns()
         while True:
@@ -623,14 +618,7 @@ class AIOConsumer(AIOGroupMember):
         s = self._sync
         if s._error_events and not s._closed:
             return s._take_error_events()
-        if s._closed or s._fatal is not None or s._net.failure is not None:
-            s._ensure_usable()
-        if num_messages < 1:
-            raise ValueError(f"num_messages must be >= 1, got {num_messages}")
-        now = time.monotonic()
-        if now >= s._next_post_poll:
-            s._post_poll_limited(now)
-        deadline = now + _wait_seconds(timeout)
+        deadline = s._begin_read(num_messages) + _wait_seconds(timeout)
         fetcher = s._fetcher
         await self._take_turns()
         while True:

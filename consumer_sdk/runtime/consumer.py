@@ -142,11 +142,7 @@ class Consumer(GroupMember):
         """
         if self._error_events and not self._closed:
             return self._error_events.popleft()
-        if self._closed or self._fatal is not None or self._net.failure is not None:
-            self._ensure_usable()
-        now = time.monotonic()
-        if now >= self._next_post_poll:
-            self._post_poll_limited(now)
+        now = self._begin_read()
         dispatched = bool(self._net.background_events or self._app_callbacks)
         if dispatched:  # callbacks may run: `now` gets old
             self._dispatch_background_events()
@@ -172,6 +168,19 @@ class Consumer(GroupMember):
                 if self._error_events:
                     return self._error_events.popleft()
 
+    def _begin_read(self, num_messages: int = 1) -> float:
+        """(application thread) What every read (``poll``/``consume``, sync or async) starts
+        with once no error event is waiting: the consumer must be usable and ``num_messages``
+        at least 1; the poll is noted for the member. Returns the monotonic time."""
+        if self._closed or self._fatal is not None or self._net.failure is not None:
+            self._ensure_usable()
+        if num_messages < 1:
+            raise ValueError(f"num_messages must be >= 1, got {num_messages}")
+        now = time.monotonic()
+        if now >= self._next_post_poll:
+            self._post_poll_limited(now)
+        return now
+
     def _post_poll_limited(self, now: float) -> None:
         # note_poll posts at most once per _REBALANCE_POLL_GAP_S; asking it more often
         # only costs time on the per-record path (reading the member state).
@@ -184,13 +193,7 @@ class Consumer(GroupMember):
         least one."""
         if self._error_events and not self._closed:
             return self._take_error_events()
-        if self._closed or self._fatal is not None or self._net.failure is not None:
-            self._ensure_usable()
-        if num_messages < 1:
-            raise ValueError(f"num_messages must be >= 1, got {num_messages}")
-        now = time.monotonic()
-        if now >= self._next_post_poll:
-            self._post_poll_limited(now)
+        now = self._begin_read(num_messages)
         wait = _wait_seconds(timeout)
         deadline = now + wait
         while True:
