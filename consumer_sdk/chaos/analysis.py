@@ -35,7 +35,9 @@ its latest successful commit was sent. Every member traces its heartbeats: the S
 ``heartbeat_trace``, confluent-kafka through librdkafka's debug lines on its stderr
 (`librdkafka_heartbeats`). A next owner assigned after that bound is a zombie window; one
 assigned before stays an overlap. A ``lost`` of a member without a trace stays where it was
-reported.
+reported. A member closed while cut off past its session (a ``revoke`` after its ``closing``)
+cannot know it was fenced and revokes (confluent-kafka does; its commit there times out):
+traced, its ownership ends at the same bound (``fenced_close``) when that precedes the revoke.
 
 On the mock, an overlap is counted apart as the mock's (``overlaps_mock_reset``) only with
 proof that the owner never released the partition: librdkafka's mock forgets which partitions
@@ -83,7 +85,7 @@ ACTION_EVENTS = (
 #: real-cluster driver events that cut members off from the coordinator (when they name it)
 CUT_OFF_EVENTS = ("coordinator", "node_kill", "node_pause")
 #: ownerships that ended because the broker fenced the member (module doc)
-FENCED_KINDS = ("fenced", "fenced_unreachable", "fenced_commit", "fenced_running")
+FENCED_KINDS = ("fenced", "fenced_unreachable", "fenced_commit", "fenced_running", "fenced_close")
 
 
 @dataclass
@@ -309,9 +311,15 @@ def intervals(inc: Incarnation, session_s: float, interval_s: float = 0.0) -> li
                 bound = _fencing_bound(inc, start, error_at, session_s, interval_s)
                 if bound is not None:
                     kind, t, lost_at = "fenced_commit", max(start, min(t, bound)), error_at
+            elif traced and closing is not None and start <= closing <= t:
+                # revoked in its close while cut off: it cannot know it was fenced
+                bound = _fencing_bound(inc, start, t, session_s, interval_s)
+                if bound is not None and bound < t:
+                    kind, t, lost_at = "fenced_close", max(start, bound), t
         out.append(Interval(inc.name, p, start, t, kind, lost_at))
 
     traced = _traced(inc)
+    closing = next((ev["t"] for ev in inc.events if ev["ev"] == "closing"), None)
     last_t = 0.0
     for ev in inc.events:
         last_t = ev["t"]

@@ -252,6 +252,7 @@ class ChaosMember:
                     # a failed commit is retried even when no more records come
                     self._commit(dict(self.pending))
         finally:
+            self.log.write("closing", flush=True)
             started = time.monotonic()
             self._close()
             took = time.monotonic() - started

@@ -523,6 +523,46 @@ def test_checker_ends_ownership_of_a_member_fenced_while_running_at_its_last_hea
     assert check(fenced_while_running(7.5, [])).violations == {"overlaps": 1}
 
 
+def closed_while_cut_off(closing: bool, last_ok_sent: float) -> list[dict[str, Any]]:
+    """a owns p0 and processed 0..3 but committed only 3; its last heartbeat answered without
+    error was sent at ``last_ok_sent``; b took p0 at 8.0 and redid offset 3; a was closed at
+    9.0 and revoked p0 at 9.5 after its commit timed out."""
+    return [
+        ev(0.9, "hb", "a/1", err=0, sent=0.8),
+        ev(1.0, "assign", "a/1", parts=[0]),
+        *(ev(1.1 + i / 10, "rec", "a/1", p=0, o=i) for i in range(4)),
+        ev(1.5, "commit", "a/1", offsets={"0": 3}, sent=1.45),
+        ev(last_ok_sent + 0.05, "hb", "a/1", err=0, sent=last_ok_sent),
+        ev(last_ok_sent + 0.6, "hb_sent", "a/1", sent=last_ok_sent + 0.5),
+        ev(8.0, "assign", "b/2", parts=[0]),
+        ev(8.1, "rec", "b/2", p=0, o=3),
+        ev(8.2, "commit", "b/2", offsets={"0": 4}),
+        *([ev(9.0, "closing", "a/1")] if closing else []),
+        ev(9.5, "commit_failed", "a/1", offsets={"0": 4}, error="KafkaError{code=_TIMED_OUT}"),
+        ev(9.5, "revoke", "a/1", parts=[0]),
+    ]
+
+
+def test_checker_ends_ownership_of_a_member_closed_while_cut_off_at_its_fencing_bound() -> None:
+    """a, closed cut off from its coordinator, revokes (it cannot know it was fenced): its
+    heartbeat trace says the broker can have expired it from 1.6 + 6 s, so b at 8.0 is a
+    zombie window and b's redone offset 3 is a's uncommitted work. Revoked outside a close,
+    or with a heartbeat answered within the session before b took over, it stays an overlap
+    and an unexplained duplicate."""
+    summary = check(closed_while_cut_off(closing=True, last_ok_sent=1.6))
+    assert summary.violations == {}, summary.examples
+    assert summary.zombie_windows == 1 and "fenced_close" in summary.examples["zombie windows"][0]
+    assert summary.duplicates_explained == 1
+    assert check(closed_while_cut_off(closing=False, last_ok_sent=1.6)).violations == {
+        "overlaps": 1,
+        "duplicates_unexplained": 1,
+    }
+    assert check(closed_while_cut_off(closing=True, last_ok_sent=4.0)).violations == {
+        "overlaps": 1,
+        "duplicates_unexplained": 1,
+    }
+
+
 HEAD = "%7|{t}|HEARTBEAT|{inc}#consumer-1| [thrd:main]: "
 SENT = HEAD + 'GroupCoordinator/3: ConsumerGroupHeartbeat of member id "m1", group id "g"\n'
 ANSWER = HEAD + 'ConsumerGroupHeartbeat response received for member id "m1" with epoch {ep}\n'
