@@ -100,7 +100,7 @@ class ChaosMember:
         }
         if getattr(self.args, "instance_id", None):
             conf["group.instance.id"] = self.args.instance_id
-        if self.impl == "sdk":
+        if self._is_sdk():
             conf["socket.timeout.ms"] = 10_000
         else:
             conf["group.protocol"] = "consumer"
@@ -154,9 +154,13 @@ class ChaosMember:
 
         net.heartbeat_trace = traced
 
+    def _is_sdk(self) -> bool:
+        """Whether the consumer is this SDK's (else confluent-kafka's)."""
+        return self.impl == "sdk"
+
     def _identity(self) -> None:
         c = self.consumer
-        if self.impl == "sdk":
+        if self._is_sdk():
             self.log.member_id, self.log.epoch = c.member_id, c.member_epoch
         else:
             try:
@@ -178,6 +182,9 @@ class ChaosMember:
         todo = {p: o for p, o in self.pending.items() if p in parts}
         if todo:
             self._commit(todo)
+        self._revoked(parts)
+
+    def _revoked(self, parts: list[int]) -> None:
         for p in parts:
             self.pending.pop(p, None)
         self._identity()
@@ -193,21 +200,58 @@ class ChaosMember:
     # -- commit -----------------------------------------------------------------------------
 
     def _commit(self, offsets: dict[Partition, int]) -> bool:
-        from confluent_kafka import KafkaException, TopicPartition
+        from confluent_kafka import KafkaException
 
-        self._last_commit = time.monotonic()
-        tps = [TopicPartition(self.topic, p, o) for p, o in sorted(offsets.items())]
-        sent = time.time()
+        tps, sent = self._commit_started(offsets)
         try:
             self.consumer.commit(offsets=tps, asynchronous=False)
         except KafkaException as exc:
-            self.log.write("commit_failed", flush=True, offsets=offsets, error=str(exc))
-            return False
+            return self._commit_failed(offsets, exc)
+        return self._commit_done(offsets, sent)
+
+    def _commit_started(self, offsets: dict[Partition, int]) -> tuple[list[Any], float]:
+        """The commit's TopicPartitions, and when it was sent."""
+        from confluent_kafka import TopicPartition
+
+        self._last_commit = time.monotonic()
+        return [TopicPartition(self.topic, p, o) for p, o in sorted(offsets.items())], time.time()
+
+    def _commit_failed(self, offsets: dict[Partition, int], exc: Exception) -> bool:
+        self.log.write("commit_failed", flush=True, offsets=offsets, error=str(exc))
+        return False
+
+    def _commit_done(self, offsets: dict[Partition, int], sent: float) -> bool:
         self.log.write("commit", flush=True, offsets=offsets, sent=sent)
         for p, o in offsets.items():
             if self.pending.get(p) == o:
                 del self.pending[p]
         return True
+
+    def _processed(self, messages: list[Any]) -> dict[Partition, int] | None:
+        """Log each record of a batch as processed; the offsets to commit next: the whole
+        pending set after records, after a second without a commit while some are pending
+        (a failed commit is retried even when no more records come), else None."""
+        batch: dict[Partition, int] = {}
+        for msg in messages:
+            if msg.error() is not None:
+                self.log.write("error", error=str(msg.error()), fatal=False)
+                continue
+            p, o = int(msg.partition()), int(msg.offset())
+            self.log.write("rec", p=p, o=o)
+            batch[p] = o + 1
+        if batch:
+            self.log.flush()  # processed before committed
+            self.pending.update(batch)
+            return dict(self.pending)
+        if self.pending and time.monotonic() - self._last_commit >= 1.0:
+            return dict(self.pending)
+        return None
+
+    def _consume_failed(self, exc: Exception) -> bool:
+        """Log a consume error; whether it is fatal."""
+        error = exc.args[0]
+        self.log.write("error", flush=True, error=str(exc), fatal=error.fatal())
+        return bool(error.fatal())
 
     # -- main loop --------------------------------------------------------------------------
 
@@ -228,29 +272,15 @@ class ChaosMember:
                 try:
                     messages = self.consumer.consume(200, 0.2)
                 except KafkaException as exc:
-                    error = exc.args[0]
-                    self.log.write("error", flush=True, error=str(exc), fatal=error.fatal())
-                    if error.fatal():
+                    if self._consume_failed(exc):
                         status = 3
                         break
                     continue
                 if self.impl == "sdk":
                     self._identity()
-                batch: dict[Partition, int] = {}
-                for msg in messages:
-                    if msg.error() is not None:
-                        self.log.write("error", error=str(msg.error()), fatal=False)
-                        continue
-                    p, o = int(msg.partition()), int(msg.offset())
-                    self.log.write("rec", p=p, o=o)
-                    batch[p] = o + 1
-                if batch:
-                    self.log.flush()  # processed before committed
-                    self.pending.update(batch)
-                    self._commit(dict(self.pending))
-                elif self.pending and time.monotonic() - self._last_commit >= 1.0:
-                    # a failed commit is retried even when no more records come
-                    self._commit(dict(self.pending))
+                todo = self._processed(messages)
+                if todo is not None:
+                    self._commit(todo)
         finally:
             self.log.write("closing", flush=True)
             started = time.monotonic()
@@ -271,10 +301,15 @@ class ChaosMember:
         closer.join(self.args.close_timeout)
 
 
-def member_main(argv: list[str], member_class: type[ChaosMember] = ChaosMember) -> int:
-    """Parse a member's arguments and run ``member_class`` (a subclass may add logging)."""
+def member_main(
+    argv: list[str],
+    member_class: type[ChaosMember] = ChaosMember,
+    impls: tuple[str, ...] = ("sdk", "ck"),
+) -> int:
+    """Parse a member's arguments and run ``member_class`` (a subclass may add logging or
+    other ``impls``)."""
     parser = argparse.ArgumentParser(prog="python -m consumer_sdk.chaos member")
-    parser.add_argument("--impl", choices=("sdk", "ck"), default="sdk")
+    parser.add_argument("--impl", choices=impls, default=impls[0])
     parser.add_argument("--name", required=True)
     parser.add_argument("--bootstrap", required=True)
     parser.add_argument("--group", required=True)

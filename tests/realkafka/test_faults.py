@@ -142,9 +142,11 @@ class Group:
         extra: tuple[str, ...] = (),
         prefix: tuple[str, ...] = (),
         bootstrap: str | None = None,
+        module: str = "tests.realkafka.fault_member",
     ) -> Proc:
         """Start a member process (``prefix``: e.g. ``ip netns exec NS`` to run it there;
-        ``bootstrap``: other bootstrap servers than the cluster's)."""
+        ``bootstrap``: other bootstrap servers than the cluster's; ``module``: the member's
+        program, e.g. ``tests.realkafka.aio_member`` for the asyncio faces)."""
         log = self.dir / f"{name}.jsonl"
         env = {
             **os.environ,
@@ -158,7 +160,7 @@ class Group:
                 *prefix,
                 sys.executable,
                 "-m",
-                "tests.realkafka.fault_member",
+                module,
                 "--impl",
                 impl,
                 "--name",
