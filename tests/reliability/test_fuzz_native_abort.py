@@ -3,11 +3,16 @@
 kio's native readers abort the process (a failed Rust allocation, no Python exception) on an
 array whose length prefix is huge; the framing layer bounds-checks frames first. The
 corruption loop runs in a child process so that an abort fails this test with its signal
-instead of killing pytest."""
+instead of killing pytest.
+
+Each run corrupts ``NATIVE_FUZZ_FRAMES`` frames per type (5,000: about 40 s) from a new seed
+(``NATIVE_FUZZ_SEED`` repeats one; a failure names its seed), so runs add up to more
+coverage than one fixed long run: ``NATIVE_FUZZ_FRAMES=100000`` for a long one."""
 
 from __future__ import annotations
 
 import os
+import random
 import re
 import signal
 import subprocess
@@ -17,7 +22,8 @@ from pathlib import Path
 from tests.reliability.test_fuzz_responses import PARSED
 
 ROOT = Path(__file__).resolve().parents[2]
-FRAMES_PER_TYPE = 20_000
+FRAMES_PER_TYPE = int(os.environ.get("NATIVE_FUZZ_FRAMES", "5000"))
+SEED = int(os.environ.get("NATIVE_FUZZ_SEED") or random.randrange(2**31))
 
 
 def test_corrupted_frames_raise_protocol_error_and_never_abort() -> None:
@@ -26,7 +32,13 @@ def test_corrupted_frames_raise_protocol_error_and_never_abort() -> None:
         "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
     }
     proc = subprocess.run(
-        [sys.executable, "-m", "tests.reliability.native_fuzz_child", "848", str(FRAMES_PER_TYPE)],
+        [
+            sys.executable,
+            "-m",
+            "tests.reliability.native_fuzz_child",
+            str(SEED),
+            str(FRAMES_PER_TYPE),
+        ],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -35,8 +47,13 @@ def test_corrupted_frames_raise_protocol_error_and_never_abort() -> None:
     )
     if proc.returncode < 0:
         died = signal.Signals(-proc.returncode).name
-        raise AssertionError(f"the decoder process died with {died}:\n{proc.stderr[-3000:]}")
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+        raise AssertionError(
+            f"the decoder process died with {died} (NATIVE_FUZZ_SEED={SEED}):\n"
+            f"{proc.stderr[-3000:]}"
+        )
+    assert proc.returncode == 0, (
+        f"NATIVE_FUZZ_SEED={SEED}\n" + proc.stdout[-2000:] + proc.stderr[-3000:]
+    )
     counts = {
         name: (int(ok), int(rejected))
         for name, ok, rejected in re.findall(r"^(\S+) ok=(\d+) rejected=(\d+)$", proc.stdout, re.M)
@@ -46,4 +63,4 @@ def test_corrupted_frames_raise_protocol_error_and_never_abort() -> None:
     for name, (ok, rejected) in counts.items():
         assert ok + rejected == FRAMES_PER_TYPE, name
         # both outcomes occur: corruption is rejected, and unharmed frames still decode
-        assert ok > 0 and rejected > 0, (name, ok, rejected)
+        assert ok > 0 and rejected > 0, (name, ok, rejected, SEED)
