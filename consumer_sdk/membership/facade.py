@@ -38,7 +38,7 @@ from consumer_sdk.membership.ids import new_member_id
 from consumer_sdk.membership.manager import MembershipManager
 from consumer_sdk.membership.metrics import MembershipMetrics
 from consumer_sdk.membership.reconciler import LocalAssignment
-from consumer_sdk.membership.stall import may_hand_out
+from consumer_sdk.membership.stall import handout_deadline_ms, may_hand_out
 from consumer_sdk.membership.state import MemberState
 
 
@@ -182,6 +182,40 @@ class GroupMembership:
         if self._manager.state is MemberState.UNSUBSCRIBED:
             return None
         return self._heartbeat.confirmed_sent_ms
+
+    def published(
+        self,
+    ) -> tuple[
+        MemberState,
+        str,
+        int,
+        frozenset[TopicPartition],
+        frozenset[TopicPartition],
+        bool,
+        int,
+        int | None,
+        int | None,
+    ]:
+        """What a host publishes to its application after each run, in one read: state,
+        member id, epoch, assigned partitions, those pending revocation, coordinator known,
+        heartbeat interval, when the last heartbeat was answered (None: never), and until
+        when records may be handed out (`consumer_sdk.membership.stall`; None: no bound).
+        (Read after every run and heartbeat answer: it reads its parts' fields directly.)"""
+        m = self._manager
+        hb = self._heartbeat
+        state = m._sm.state
+        confirmed = None if state is MemberState.UNSUBSCRIBED else hb.confirmed_sent_ms
+        return (
+            state,
+            m._member_id,
+            m._epoch,
+            m.assigned_partitions,
+            m.pending_revocation,
+            hb._coordinator_known,
+            hb._timing.interval_ms,
+            self.metrics._last_heartbeat_response_ms,
+            handout_deadline_ms(confirmed, hb.effective_session_timeout_ms),
+        )
 
     # ------------------------------------------------------------------------------------------
     # Application side

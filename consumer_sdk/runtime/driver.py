@@ -56,7 +56,6 @@ from consumer_sdk.membership.requests import (
     MetadataManager,
     OffsetLike,
 )
-from consumer_sdk.membership.stall import handout_deadline_ms
 
 __all__ = [
     "Api",
@@ -326,22 +325,24 @@ class MemberDriver:
         self.stopped = False
 
     def snapshot(self, events_taken: int = 0, commits_taken: int = 0) -> MemberSnapshot:
-        core = self.core
+        state, member_id, epoch, assigned, pending, known, interval, answered, handout = (
+            self.core.published()
+        )
         return MemberSnapshot(
-            core.state,
-            core.member_id,
-            core.member_epoch,
-            core.assigned_partitions,
-            core.pending_revocation,
-            core.coordinator_known,
-            core.heartbeat_interval_ms,
+            state,
+            member_id,
+            epoch,
+            assigned,
+            pending,
+            known,
+            interval,
             self.heartbeat_in_flight,
             self.heartbeat_due_ms,
             self.commits.pending,
-            core.metrics.last_heartbeat_response_ms,
+            answered,
             events_taken,
             commits_taken,
-            handout_deadline_ms(core.confirmed_sent_ms, core.session_timeout_ms),
+            handout,
         )
 
     # -- application events (the host calls these on the driver's thread) ---------------------

@@ -100,6 +100,10 @@ def _wait_seconds(timeout: float | None) -> float:
     return float("inf") if timeout is None or timeout < 0 else float(timeout)
 
 
+def _never() -> bool:
+    return False
+
+
 def _committed_tps(committed: Mapping[Partition, int]) -> list[TopicPartition]:
     return [TopicPartition(t, p, o) for (t, p), o in sorted(committed.items())]
 
@@ -419,9 +423,13 @@ class GroupMember:
         Raises the errors the membership reports (fatal ones end the member) and exceptions
         raised by callbacks. A ``GroupMember`` has no data plane and always returns None.
         """
-        self._ensure_usable()
-        self._net.note_poll()
-        self._run_until(lambda: False, _wait_seconds(timeout), stop_after_callback=True)
+        net = self._net
+        if self._closed or self._fatal is not None or net.failure is not None:
+            self._ensure_usable()
+        net.note_poll()
+        if timeout == 0 and not net.background_events and not self._app_callbacks:
+            return None  # the usual poll(0): nothing happened (no lock, no loop round trip)
+        self._run_until(_never, _wait_seconds(timeout), stop_after_callback=True)
         return None
 
     def _await_background(self, timeout: float) -> None:

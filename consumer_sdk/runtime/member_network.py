@@ -221,6 +221,9 @@ class MemberNetwork:
         self._taken = 0  # items taken in by the driver (loop side)
         # Loop -> application: background events, finished commits, and their condition.
         self._events: deque[BackgroundEvent] = deque()
+        #: The same queue, for the application to check for emptiness (drain it with
+        #: `drain_background_events`).
+        self.background_events = self._events
         self._results: list[CommitResult] = []
         self._cond = threading.Condition(threading.Lock())
         # Completions the application waits on, by commit or fetch id (loop side).
@@ -437,12 +440,6 @@ class MemberNetwork:
         next requests go over connections authenticated with them (open ones stay up)."""
         self._transport.settings.credentials.set(username, password)
         self._loop.call_soon(self._transport.conns.clear)
-
-    @property
-    def background_events(self) -> deque[BackgroundEvent]:
-        """The queue of application-bound events (check it for emptiness; drain it with
-        `drain_background_events`)."""
-        return self._events
 
     def drain_background_events(self) -> list[BackgroundEvent]:
         out: list[BackgroundEvent] = []

@@ -70,7 +70,9 @@ class LoopTransport:
         return conn
 
     def connection_id(self, coordinator: Coordinator) -> Hashable | None:
-        conn = self._conn(coordinator.host, coordinator.port)
+        conn = self.conns.get((coordinator.host, coordinator.port))
+        if conn is None:
+            conn = self._conn(coordinator.host, coordinator.port)
         if conn.state != MuxConnection.READY:
             return None
         return (id(conn), conn.generation)
