@@ -1,10 +1,15 @@
-"""Sans-IO request managers besides the heartbeat: coordinator discovery, metadata, commits.
+"""Sans-IO request managers besides the heartbeat: coordinator discovery, metadata, commits,
+and the one contract every request manager of a member follows.
 
-Each follows the shape of `HeartbeatRequestManager`:
-the host calls ``poll(now_ms, ...)`` for the requests to send now, sends them, and reports each
-outcome once with ``on_response`` or ``on_failure``; ``time_until_next_poll`` says how long it
-may wait. Nothing here does I/O or reads a clock. The policies are the Java client's
-(``CoordinatorRequestManager``, ``CommitRequestManager``).
+The contract (`RequestManager`, Java's ``RequestManager.poll`` shape): the host calls
+``poll(now_ms)`` and gets a `RequestPoll`, the requests to send now (`Outbound` values, in
+order) and how long it may wait before polling again; it reports each request's outcome once,
+as a value, with ``on_response`` or ``on_failure``. Nothing here does I/O or reads a clock.
+The host of one member (`consumer_sdk.runtime.driver.MemberDriver`) polls its managers in a
+fixed order and waits for the smallest of their waits. The managers below hold the policies
+(the Java client's ``CoordinatorRequestManager``, ``CommitRequestManager``, ...) and take
+the member's context as arguments (``poll(now_ms, needed)``, ...); the driver's request
+managers bind each to one member and implement the contract over it.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import logging
 import uuid
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from consumer_sdk.backoff import Backoff
 from consumer_sdk.domain import (
@@ -30,6 +35,7 @@ from consumer_sdk.membership.heartbeat import Failure, FailureKind
 __all__ = [
     "COMMIT_RETRIABLE",
     "TOPIC_GONE",
+    "Api",
     "CommitKind",
     "CommitRequestManager",
     "CommitResult",
@@ -38,6 +44,9 @@ __all__ = [
     "MetadataManager",
     "MetadataSend",
     "OffsetCommitSend",
+    "Outbound",
+    "RequestManager",
+    "RequestPoll",
 ]
 
 log = logging.getLogger("consumer_sdk.membership")
@@ -70,6 +79,59 @@ TOPIC_GONE = frozenset({E.UNKNOWN_TOPIC_OR_PARTITION, E.UNKNOWN_TOPIC_ID})
 # An episode of retriable failures is logged at INFO when it starts and once at WARNING if it
 # lasts this many attempts (a coordinator still loading is normal for a few hundred ms).
 _WARN_AFTER = 5
+
+
+# --------------------------------------------------------------------------------------------
+# The request-manager contract
+# --------------------------------------------------------------------------------------------
+
+
+class Api(enum.Enum):
+    """The requests a member sends."""
+
+    HEARTBEAT = "ConsumerGroupHeartbeat"
+    FIND_COORDINATOR = "FindCoordinator"
+    METADATA = "Metadata"
+    OFFSET_COMMIT = "OffsetCommit"
+    OFFSET_FETCH = "OffsetFetch"
+    #: DescribeConfigs of the group's session timeout (payload: the group id)
+    GROUP_SESSION_TIMEOUT = "DescribeConfigs"
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Outbound:
+    """One request for the transport. ``coordinator``: send it to the group coordinator at
+    that address; None: to any broker (the transport picks a bootstrap server). ``payload``
+    by `api`: the `HeartbeatRequest`, the group id (FindCoordinator), the topics or None for
+    all (Metadata), the `OffsetCommitRequest`, the `OffsetFetchRequest`. ``tag``: the commit
+    or fetch id the outcome belongs to."""
+
+    api: Api
+    payload: Any
+    coordinator: Coordinator | None
+    timeout_ms: int
+    tag: int = 0
+
+
+#: What `RequestManager.poll` returns: ``(requests to send now, in order; ms until the
+#: manager wants to be polled again)``. A plain tuple: it is built on every run.
+RequestPoll = tuple[tuple[Outbound, ...], int]
+
+
+class RequestManager(Protocol):
+    """One kind of a member's requests, sans I/O (see the module docstring)."""
+
+    def poll(self, now_ms: int) -> RequestPoll:
+        """The requests to send now and the ms until the next poll is due."""
+        ...
+
+    def on_response(self, now_ms: int, request: Outbound, response: Any) -> None:
+        """``request`` (one this manager returned) was answered with ``response``."""
+        ...
+
+    def on_failure(self, now_ms: int, request: Outbound, failure: Failure) -> None:
+        """``request`` got no answer (``failure``: the host's error boundary's value)."""
+        ...
 
 
 def _failure_code(failure: Failure) -> int:
@@ -473,7 +535,8 @@ class CommitRequestManager:
     def awaiting_epoch(self) -> bool:
         """A commit refused as stale waits for a newer member epoch (any heartbeat answer
         should run the host)."""
-        return any(p.refused_epoch is not None for p in self._queue)
+        queue = self._queue
+        return bool(queue) and any(p.refused_epoch is not None for p in queue)
 
     def drain_completed(self) -> list[CommitResult]:
         out, self._completed = self._completed, []

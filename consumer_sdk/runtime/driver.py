@@ -21,7 +21,6 @@ thread-safe: its host calls it from one thread only (the network loop's, in the 
 
 from __future__ import annotations
 
-import enum
 import itertools
 import logging
 import uuid
@@ -49,12 +48,16 @@ from consumer_sdk.membership import (
     MemberState,
 )
 from consumer_sdk.membership.requests import (
+    Api,
     CommitKind,
     CommitRequestManager,
     CommitResult,
     CoordinatorManager,
     MetadataManager,
     OffsetLike,
+    Outbound,
+    RequestManager,
+    RequestPoll,
 )
 
 __all__ = [
@@ -85,33 +88,6 @@ _IN_GROUP = frozenset({MemberState.STABLE, MemberState.RECONCILING, MemberState.
 
 
 # -- what goes out ------------------------------------------------------------------------------
-
-
-class Api(enum.Enum):
-    """The requests a member sends."""
-
-    HEARTBEAT = "ConsumerGroupHeartbeat"
-    FIND_COORDINATOR = "FindCoordinator"
-    METADATA = "Metadata"
-    OFFSET_COMMIT = "OffsetCommit"
-    OFFSET_FETCH = "OffsetFetch"
-    #: DescribeConfigs of the group's session timeout (payload: the group id)
-    GROUP_SESSION_TIMEOUT = "DescribeConfigs"
-
-
-@dataclass(frozen=True, slots=True, eq=False)
-class Outbound:
-    """One request for the transport. ``coordinator``: send it to the group coordinator at
-    that address; None: to any broker (the transport picks a bootstrap server). ``payload``
-    by `api`: the `HeartbeatRequest`, the group id (FindCoordinator), the topics or None for
-    all (Metadata), the `OffsetCommitRequest`, the `OffsetFetchRequest`. ``tag``: the commit
-    or fetch id the outcome belongs to."""
-
-    api: Api
-    payload: Any
-    coordinator: Coordinator | None
-    timeout_ms: int
-    tag: int = 0
 
 
 class Transport(Protocol):
@@ -322,7 +298,26 @@ class MemberDriver:
         self._hb_target: tuple[int, str, int] | None = None
         # The group's session timeout is asked once (DescribeConfigs), again after a failure.
         self._session_asked = False
+        self._session_wanted = False
         self.stopped = False
+        # The request managers, in the order a run polls them (see `run`).
+        heartbeat = _HeartbeatRequests(self)
+        coordinator = _CoordinatorRequests(self)
+        self._managers: tuple[RequestManager, ...] = (
+            coordinator,
+            _MetadataRequests(self),
+            _CommitRequests(self),
+            _OffsetFetchRequests(self),
+            heartbeat,
+        )
+        self._by_api: dict[Api, RequestManager] = {
+            Api.FIND_COORDINATOR: coordinator,
+            Api.GROUP_SESSION_TIMEOUT: coordinator,
+            Api.METADATA: self._managers[1],
+            Api.OFFSET_COMMIT: self._managers[2],
+            Api.OFFSET_FETCH: self._managers[3],
+            Api.HEARTBEAT: heartbeat,
+        }
 
     def snapshot(self, events_taken: int = 0, commits_taken: int = 0) -> MemberSnapshot:
         state, member_id, epoch, assigned, pending, known, interval, answered, handout = (
@@ -400,85 +395,23 @@ class MemberDriver:
     # -- a run ---------------------------------------------------------------------------------
 
     def run(self, now: int) -> int:
-        """Poll every manager in order, send what they ask for, and return how long (ms) the
-        host may wait before the next run. (Each step first checks cheaply whether its manager
-        has anything to do: most runs only heartbeat.)"""
-        core, coord, commits, metadata = self.core, self.coordinator, self.commits, self.metadata
+        """Poll every request manager in order (coordinator, metadata, commits, offset
+        fetches, heartbeat), hand what each asks for to the transport, and return how long
+        (ms) the host may wait before the next run: the smallest of their waits, at most
+        ``_IDLE_MS``. Commits go out before the heartbeat of the same run, over the same
+        connection (the broker answers one connection's requests in order): an asynchronous
+        commit made before a leave (say, in on_revoke of close()) is applied before the
+        leave, with the epoch it was made under."""
         if self._fetches:
             self._expire_fetches(now)
-        # Coordinator
-        needed = waiting = False
-        if coord.coordinator is None:
-            group = self.config.group_id
-            needed = core.coordinator_needed or commits.pending > 0 or bool(self._fetches)
-            if needed and not coord.in_flight:
-                shared = self.shared.coordinators
-                found = shared.known.get(group)
-                if found is not None:
-                    coord.adopt(found)
-                elif group in shared.in_flight:
-                    shared.waiters.setdefault(group, []).append(self._wake)
-                    waiting = True  # another member's lookup answers for this one too
-            find = coord.poll(now, needed and not waiting)
-            if find is not None:
-                self.shared.coordinators.in_flight.add(find.group_id)
-                self._send(Api.FIND_COORDINATOR, find.group_id, None)
-        known = coord.coordinator
-        if known is not None and not core.coordinator_known:
-            self._coordinator_found(now)
-        # Metadata
-        metadata_active = metadata.pending or core.metadata_needed
-        if metadata_active:
-            if core.metadata_needed and not metadata.pending:
-                self._resolve_topics(now)
-            send = metadata.poll(now)
-            if send is not None:
-                if send.topics is None:
-                    self.shared.topics.in_flight = True
-                self._send(Api.METADATA, send.topics, None)
-        # Commits go out before the heartbeat of the same run, over the same connection (the
-        # broker answers one connection's requests in order): an asynchronous commit made
-        # before a leave (say, in on_revoke of close()) is applied before the leave, with the
-        # epoch it was made under.
-        auto = self.config.auto_commit_interval_ms > 0
-        if auto and commits.auto_commit_due(now):
-            self._auto_commit(now)
-        commits_active = auto or commits.pending > 0
-        if commits_active:
-            member_id, epoch = core.member_id, core.member_epoch
-            for c in commits.poll(
-                now,
-                member_id,
-                epoch,
-                known is not None,
-                owned=self._owned,
-                # a commit refused as stale waits this long for the newer epoch's heartbeat
-                epoch_wait_ms=2 * core.heartbeat_interval_ms,
-            ):
-                self._commit_sent_ms[c.commit_id] = now
-                self._send(Api.OFFSET_COMMIT, c.request, known, c.commit_id)
-        if known is not None and self._fetches:
-            fetches, self._fetches = self._fetches, []
-            for f in fetches:
-                self._send(Api.OFFSET_FETCH, f.request, known, f.fetch_id)
-        # Heartbeat
-        if self._hb_conn is not None and self._coordinator_conn() != self._hb_conn:
-            self._hb_conn = None
-            core.on_coordinator_connection_lost()
-        result = core.poll(now)
-        if result.request is not None:
-            self._send_heartbeat(result.request)
-        self.heartbeat_due_ms = now + result.next_poll_ms
-        # A run at least every _IDLE_MS, whatever the managers say.
-        wait = 0 if core.app_events else min(result.next_poll_ms, _IDLE_MS)
-        if needed and not waiting:
-            wait = min(wait, coord.time_until_next_poll(now, True, _IDLE_MS))
-        if metadata_active:
-            wait = min(wait, metadata.time_until_next_poll(now, _IDLE_MS))
-        for f in self._fetches:
-            wait = min(wait, max(f.deadline_ms - now, 0))
-        if commits_active:
-            wait = min(wait, commits.time_until_next_poll(now, known is not None, _IDLE_MS))
+        send = self.transport.send
+        wait = _IDLE_MS
+        for manager in self._managers:
+            requests, next_ms = manager.poll(now)
+            for request in requests:
+                send(request)
+            if next_ms < wait:
+                wait = next_ms
         self._collect_commits()
         return wait
 
@@ -486,15 +419,10 @@ class MemberDriver:
         """The partitions the member holds and is not giving up."""
         return self.core.assigned_partitions - self.core.pending_revocation
 
-    def _send(self, api: Api, payload: Any, coordinator: Coordinator | None, tag: int = 0) -> None:
-        self.transport.send(Outbound(api, payload, coordinator, self._timeout_ms(False), tag))
-
-    def _send_heartbeat(self, request: HeartbeatRequest) -> None:
-        target = self.coordinator.coordinator
-        self.heartbeat_in_flight = True
-        if target is not None:
-            self._hb_target = (target.node_id, target.host, target.port)
-        self.transport.send(Outbound(Api.HEARTBEAT, request, target, self._timeout_ms(True)))
+    def _outbound(
+        self, api: Api, payload: Any, coordinator: Coordinator | None, tag: int = 0
+    ) -> Outbound:
+        return Outbound(api, payload, coordinator, self._timeout_ms(False), tag)
 
     def _timeout_ms(self, heartbeat: bool) -> int:
         """Request timeout. A timed-out request closes the shared connection and fails every
@@ -514,9 +442,8 @@ class MemberDriver:
         assert found is not None
         target = (found.node_id, found.host, found.port)
         self.core.on_coordinator_known(now, self._hb_target not in (None, target))
-        if not self._session_asked:
-            self._session_asked = True
-            self._send(Api.GROUP_SESSION_TIMEOUT, self.core.group_id, None)
+        if not self._session_asked:  # asked by the coordinator manager's next poll
+            self._session_asked = self._session_wanted = True
 
     def _coordinator_conn(self) -> Hashable | None:
         coordinator = self.coordinator.coordinator
@@ -586,39 +513,20 @@ class MemberDriver:
     # -- outcomes ------------------------------------------------------------------------------
 
     def on_response(self, now: int, request: Outbound, response: Any) -> int:
-        """Apply the answer to ``request``. Returns 0 (run now) or, after a quiet heartbeat
-        answer of a stable member (nothing changed but the heartbeat's own timer), the ms
-        until the heartbeat is next due: the host may keep its scheduled run if earlier."""
-        api = request.api
-        if api is Api.HEARTBEAT:
+        """Apply the answer to ``request`` (its manager's). Returns 0 (run now) or, after a
+        quiet heartbeat answer of a stable member (nothing changed but the heartbeat's own
+        timer), the ms until the heartbeat is next due: the host may keep its scheduled run
+        if earlier."""
+        if request.api is Api.HEARTBEAT:  # the hot path
             return self._on_heartbeat(now, request.payload, response, None)
-        if api is Api.OFFSET_COMMIT:
-            self._on_commit(now, request.tag, response, None)
-        elif api is Api.OFFSET_FETCH:
-            self._on_fetch(request.tag, response, None)
-        elif api is Api.FIND_COORDINATOR:
-            self._on_coordinator(now, response, None)
-        elif api is Api.GROUP_SESSION_TIMEOUT:
-            self._on_session_timeout(response, None)
-        else:
-            self._on_metadata(now, response, None)
+        self._by_api[request.api].on_response(now, request, response)
         return 0
 
     def on_failure(self, now: int, request: Outbound, failure: Failure) -> int:
         """``request`` got no answer (see `on_response` for the value returned)."""
-        api = request.api
-        if api is Api.HEARTBEAT:
+        if request.api is Api.HEARTBEAT:
             return self._on_heartbeat(now, request.payload, None, failure)
-        if api is Api.OFFSET_COMMIT:
-            self._on_commit(now, request.tag, None, failure)
-        elif api is Api.OFFSET_FETCH:
-            self._on_fetch(request.tag, None, failure)
-        elif api is Api.FIND_COORDINATOR:
-            self._on_coordinator(now, None, failure)
-        elif api is Api.GROUP_SESSION_TIMEOUT:
-            self._on_session_timeout(None, failure)
-        else:
-            self._on_metadata(now, None, failure)
+        self._by_api[request.api].on_failure(now, request, failure)
         return 0
 
     def _on_heartbeat(
@@ -634,7 +542,11 @@ class MemberDriver:
         was_stable = core.state is MemberState.STABLE
         if response is not None:
             core.on_heartbeat_response(now, response, request)
-            self._hb_conn = self._coordinator_conn()
+            if self._hb_conn is None:
+                # Else it is the connection this answer came on: one that was replaced since
+                # failed its requests, and the run that sent this one checked it (see the
+                # heartbeat manager's poll).
+                self._hb_conn = self._coordinator_conn()
             if response.error_code in _COORDINATOR_ERRORS:
                 self._coordinator_lost(ErrorCode.name_of(response.error_code))
         else:
@@ -760,3 +672,197 @@ class MemberDriver:
                 self._coordinator_lost(f"OffsetFetch: {ErrorCode.name_of(response.error_code)}")
             self.observe_committed(response)
         self.outbox.append(FetchDone(fetch_id, response, failure))
+
+
+# -- the driver's request managers ---------------------------------------------------------------
+#
+# Each binds one sans-IO manager to this member's context (the core, the shared lookups, the
+# coordinator found) and follows the `RequestManager` contract: ``poll(now)`` returns the
+# requests to send now and the ms until it is next due; outcomes come back as values. They
+# read and change their driver's state (the driver is their only user, on its one thread).
+
+_NOTHING: tuple[Outbound, ...] = ()
+_IDLE: RequestPoll = (_NOTHING, _IDLE_MS)
+
+
+class _CoordinatorRequests:
+    """FindCoordinator while the coordinator is unknown and wanted (one lookup per group and
+    process: the other members take its answer), then the group's session timeout once."""
+
+    def __init__(self, driver: MemberDriver) -> None:
+        self._d = driver
+
+    def poll(self, now: int) -> RequestPoll:
+        d = self._d
+        coord = d.coordinator
+        requests = _NOTHING
+        wait = _IDLE_MS
+        if coord.coordinator is None:
+            group = d.config.group_id
+            needed = d.core.coordinator_needed or d.commits.pending > 0 or bool(d._fetches)
+            waiting = False
+            if needed and not coord.in_flight:
+                shared = d.shared.coordinators
+                found = shared.known.get(group)
+                if found is not None:
+                    coord.adopt(found)
+                elif group in shared.in_flight:
+                    shared.waiters.setdefault(group, []).append(d._wake)
+                    waiting = True  # another member's lookup answers for this one too
+            find = coord.poll(now, needed and not waiting)
+            if find is not None:
+                d.shared.coordinators.in_flight.add(find.group_id)
+                requests = (d._outbound(Api.FIND_COORDINATOR, find.group_id, None),)
+            if needed and not waiting:
+                wait = coord.time_until_next_poll(now, True, _IDLE_MS)
+        if coord.coordinator is not None and not d.core.coordinator_known:
+            d._coordinator_found(now)
+        if d._session_wanted:
+            d._session_wanted = False
+            requests += (d._outbound(Api.GROUP_SESSION_TIMEOUT, d.core.group_id, None),)
+        return requests, wait
+
+    def on_response(self, now: int, request: Outbound, response: Any) -> None:
+        if request.api is Api.GROUP_SESSION_TIMEOUT:
+            self._d._on_session_timeout(response, None)
+        else:
+            self._d._on_coordinator(now, response, None)
+
+    def on_failure(self, now: int, request: Outbound, failure: Failure) -> None:
+        if request.api is Api.GROUP_SESSION_TIMEOUT:
+            self._d._on_session_timeout(None, failure)
+        else:
+            self._d._on_coordinator(now, None, failure)
+
+
+class _MetadataRequests:
+    """Metadata for topic ids the assignment names: known ones come from the process's
+    shared view, and one request for the whole cluster serves every member waiting."""
+
+    def __init__(self, driver: MemberDriver) -> None:
+        self._d = driver
+
+    def poll(self, now: int) -> RequestPoll:
+        d = self._d
+        metadata = d.metadata
+        needed = d.core.metadata_needed
+        if not (needed or metadata.pending):
+            return _IDLE
+        if needed and not metadata.pending:
+            d._resolve_topics(now)
+        send = metadata.poll(now)
+        requests = _NOTHING
+        if send is not None:
+            if send.topics is None:
+                d.shared.topics.in_flight = True
+            requests = (d._outbound(Api.METADATA, send.topics, None),)
+        return requests, metadata.time_until_next_poll(now, _IDLE_MS)
+
+    def on_response(self, now: int, request: Outbound, response: Any) -> None:
+        self._d._on_metadata(now, response, None)
+
+    def on_failure(self, now: int, request: Outbound, failure: Failure) -> None:
+        self._d._on_metadata(now, None, failure)
+
+
+class _CommitRequests:
+    """OffsetCommits: the auto-commit when due, then every commit ready to go (to the
+    coordinator, with the member id and epoch at send time)."""
+
+    def __init__(self, driver: MemberDriver) -> None:
+        self._d = driver
+
+    def poll(self, now: int) -> RequestPoll:
+        d = self._d
+        commits = d.commits
+        auto = d.config.auto_commit_interval_ms > 0
+        if auto and commits.auto_commit_due(now):
+            d._auto_commit(now)
+        if not auto and commits.pending == 0:
+            return _IDLE
+        core = d.core
+        known = d.coordinator.coordinator
+        sends = commits.poll(
+            now,
+            core.member_id,
+            core.member_epoch,
+            known is not None,
+            owned=d._owned,
+            # a commit refused as stale waits this long for the newer epoch's heartbeat
+            epoch_wait_ms=2 * core.heartbeat_interval_ms,
+        )
+        requests = _NOTHING
+        if sends:
+            sent_ms = d._commit_sent_ms
+            for c in sends:
+                sent_ms[c.commit_id] = now
+            requests = tuple(
+                d._outbound(Api.OFFSET_COMMIT, c.request, known, c.commit_id) for c in sends
+            )
+        return requests, commits.time_until_next_poll(now, known is not None, _IDLE_MS)
+
+    def on_response(self, now: int, request: Outbound, response: Any) -> None:
+        self._d._on_commit(now, request.tag, response, None)
+
+    def on_failure(self, now: int, request: Outbound, failure: Failure) -> None:
+        self._d._on_commit(now, request.tag, None, failure)
+
+
+class _OffsetFetchRequests:
+    """OffsetFetches, sent once the coordinator is known; each fails at its deadline if it
+    is not (see `MemberDriver._expire_fetches`)."""
+
+    def __init__(self, driver: MemberDriver) -> None:
+        self._d = driver
+
+    def poll(self, now: int) -> RequestPoll:
+        d = self._d
+        if not d._fetches:
+            return _IDLE
+        known = d.coordinator.coordinator
+        if known is not None:
+            fetches, d._fetches = d._fetches, []
+            requests = tuple(
+                d._outbound(Api.OFFSET_FETCH, f.request, known, f.fetch_id) for f in fetches
+            )
+            return requests, _IDLE_MS
+        return _NOTHING, min(max(f.deadline_ms - now, 0) for f in d._fetches)
+
+    def on_response(self, now: int, request: Outbound, response: Any) -> None:
+        self._d._on_fetch(request.tag, response, None)
+
+    def on_failure(self, now: int, request: Outbound, failure: Failure) -> None:
+        self._d._on_fetch(request.tag, None, failure)
+
+
+class _HeartbeatRequests:
+    """The membership core's heartbeat, to the coordinator found (a replaced connection
+    makes it carry every field again)."""
+
+    def __init__(self, driver: MemberDriver) -> None:
+        self._d = driver
+
+    def poll(self, now: int) -> RequestPoll:
+        d = self._d
+        core = d.core
+        if d._hb_conn is not None and d._coordinator_conn() != d._hb_conn:
+            d._hb_conn = None
+            core.on_coordinator_connection_lost()
+        result = core.poll(now)
+        request, next_ms = result.request, result.next_poll_ms
+        d.heartbeat_due_ms = now + next_ms
+        if core.app_events:
+            next_ms = 0
+        if request is None:
+            return _NOTHING, next_ms
+        target = d.coordinator.coordinator
+        d.heartbeat_in_flight = True
+        if target is not None:
+            d._hb_target = (target.node_id, target.host, target.port)
+        return (Outbound(Api.HEARTBEAT, request, target, d._timeout_ms(True)),), next_ms
+
+    def on_response(self, now: int, request: Outbound, response: Any) -> None:
+        self._d._on_heartbeat(now, request.payload, response, None)
+
+    def on_failure(self, now: int, request: Outbound, failure: Failure) -> None:
+        self._d._on_heartbeat(now, request.payload, None, failure)

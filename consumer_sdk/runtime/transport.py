@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Hashable
+from functools import partial
 from typing import Any
 
 from consumer_sdk.domain import Coordinator, HeartbeatRequest
@@ -109,8 +110,7 @@ class LoopTransport:
         return done
 
     def _from_coordinator(self, request: Outbound) -> Callable[[Any, KafkaException | None], None]:
-        deliver = self._deliver
-        return lambda response, error: deliver(request, response, error)
+        return partial(self._deliver, request)
 
     def _traced(
         self, request: Outbound, trace: HeartbeatTrace, sent: float

@@ -252,9 +252,11 @@ def test_the_groups_session_timeout_is_asked_once_and_retried_after_a_failure() 
     d.on_failure(0, ask, Failure(FailureKind.DISCONNECTED, "gone"))
     assert d.core.session_timeout_ms == 45_000
     d._coordinator_found(0)
+    d.run(0)  # the coordinator manager's next poll asks again
     [_, again] = t.session_asks
     d.on_response(0, again, 6000)
     assert d.core.session_timeout_ms == 6000
     assert d.snapshot().handout_deadline_ms is not None
     d._coordinator_found(0)
+    d.run(0)
     assert len(t.session_asks) == 2

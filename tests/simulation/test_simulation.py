@@ -13,7 +13,7 @@ from consumer_sdk.error_codes import ErrorCode
 from consumer_sdk.membership import GroupMembership, MembershipConfig, MembershipManager
 from consumer_sdk.membership.heartbeat import HeartbeatRequestManager
 from consumer_sdk.membership.reconciler import AssignedPartition, Reconciler
-from consumer_sdk.runtime.driver import Api, MemberDriver, Outbound
+from consumer_sdk.runtime.driver import MemberDriver
 from consumer_sdk.simulation import (
     SimConfig,
     Simulation,
@@ -216,23 +216,15 @@ def test_cli_runs_and_reports(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 class _SendsCommitsLast(MemberDriver):
-    """Bug: holds back the commits of a run until after its heartbeat (so an asynchronous
-    commit made in on_revoke of close() goes out after the leave)."""
+    """Bug: polls its commit manager after the heartbeat's (so an asynchronous commit made
+    in on_revoke of close() goes out after the leave)."""
 
-    def run(self, now: int) -> int:
-        self._held: list[Outbound] | None = []
-        wait = super().run(now)
-        held, self._held = self._held, None
-        for request in held:
-            self.transport.send(request)
-        return wait
-
-    def _send(self, api: Api, payload: Any, coordinator: Any, tag: int = 0) -> None:
-        held = getattr(self, "_held", None)
-        if api is Api.OFFSET_COMMIT and held is not None:
-            held.append(Outbound(api, payload, coordinator, self._timeout_ms(False), tag))
-            return
-        super()._send(api, payload, coordinator, tag)
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        # a stable sort: every manager in its place but the commits', moved last
+        self._managers = tuple(
+            sorted(self._managers, key=lambda m: type(m).__name__ == "_CommitRequests")
+        )
 
 
 def test_simulator_catches_a_driver_that_sends_commits_after_the_leave() -> None:
