@@ -205,12 +205,13 @@ class GroupMembership:
         hb = self._heartbeat
         state = m._sm.state
         confirmed = None if state is MemberState.UNSUBSCRIBED else hb.confirmed_sent_ms
+        assigned, revoking = m.held_views()
         return (
             state,
             m._member_id,
             m._epoch,
-            m.assigned_partitions,
-            m.pending_revocation,
+            assigned,
+            revoking,
             hb._coordinator_known,
             hb._timing.interval_ms,
             self.metrics._last_heartbeat_response_ms,

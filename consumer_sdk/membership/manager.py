@@ -231,6 +231,22 @@ class MembershipManager:
         self._named[key] = (parts, named)
         return named
 
+    def held_views(self) -> tuple[frozenset[TopicPartition], frozenset[TopicPartition]]:
+        """`assigned_partitions` and `pending_revocation` in one call (read after every run
+        and heartbeat answer)."""
+        rec = self._rec
+        named = self._named
+        owned, pending = rec.owned, rec.pending_revocation
+        cached = named.get("owned")
+        assigned = cached[1] if cached is not None and cached[0] is owned else None
+        if assigned is None:
+            assigned = self._named_view("owned", owned)
+        cached = named.get("pending")
+        revoking = cached[1] if cached is not None and cached[0] is pending else None
+        if revoking is None:
+            revoking = self._named_view("pending", pending)
+        return assigned, revoking
+
     @property
     def fetchable_partitions(self) -> frozenset[TopicPartition]:
         fetchable = self._rec.fetchable

@@ -323,21 +323,25 @@ class MemberDriver:
         state, member_id, epoch, assigned, pending, known, interval, answered, handout = (
             self.core.published()
         )
-        return MemberSnapshot(
-            state,
-            member_id,
-            epoch,
-            assigned,
-            pending,
-            known,
-            interval,
-            self.heartbeat_in_flight,
-            self.heartbeat_due_ms,
-            self.commits.pending,
-            answered,
-            events_taken,
-            commits_taken,
-            handout,
+        # tuple.__new__: the NamedTuple's own constructor adds a call (twice per heartbeat)
+        return tuple.__new__(
+            MemberSnapshot,
+            (
+                state,
+                member_id,
+                epoch,
+                assigned,
+                pending,
+                known,
+                interval,
+                self.heartbeat_in_flight,
+                self.heartbeat_due_ms,
+                self.commits.pending,
+                answered,
+                events_taken,
+                commits_taken,
+                handout,
+            ),
         )
 
     # -- application events (the host calls these on the driver's thread) ---------------------
