@@ -540,7 +540,8 @@ def main(argv: list[str] | None = None) -> int:
         ]
     lines += [
         "",
-        "## Heartbeat cost (goal: 1,000 members under 20% of one core)",
+        "## Heartbeat cost (goals: 1,000 members under 10% of one core, at most 60 µs per "
+        "heartbeat at 100)",
         "",
         "N members in one process, heartbeat interval 1 s, the application polling each every "
         "200 ms; CPU of this process only (the broker is another process). `loop`: "
@@ -566,15 +567,17 @@ def main(argv: list[str] | None = None) -> int:
 
     goal_1000, goal_100 = hb_row("loop", 1000), hb_row("loop", 100)
     if goal_1000 is not None and goal_100 is not None:
-        met_1000 = goal_1000["stable"] == 1000 and goal_1000["cpu_core_fraction"] < 0.20
-        met_100 = goal_100["cpu_us_per_heartbeat"] <= 100
+        met_1000 = goal_1000["stable"] == 1000 and goal_1000["cpu_core_fraction"] < 0.10
+        met_100 = goal_100["cpu_us_per_heartbeat"] <= 60
         lines += [
             "",
-            f"Goals, shared loop: 1,000 members all STABLE under 20% of a core: "
+            f"Goals, shared loop: 1,000 members all STABLE under 10% of a core: "
             f"{'**met**' if met_1000 else '**missed**'} ({goal_1000['stable']} stable, "
-            f"{goal_1000['cpu_core_fraction'] * 100:.1f}% of a core); at most 100 µs of CPU per "
+            f"{goal_1000['cpu_core_fraction'] * 100:.1f}% of a core); at most 60 µs of CPU per "
             f"heartbeat at 100 members: {'**met**' if met_100 else '**missed**'} "
-            f"({goal_100['cpu_us_per_heartbeat']:.0f} µs, the application's polls included).",
+            f"({goal_100['cpu_us_per_heartbeat']:.0f} µs, the application's polls included). "
+            "CPU time grows with the machine's load (other processes' cache and scheduler "
+            "pressure): read the rows against the load average above.",
         ]
     lines += [
         "",
@@ -589,11 +592,14 @@ def main(argv: list[str] | None = None) -> int:
         "only that member's heartbeat instead of running all its request managers again, and",
         "an answer equal byte for byte to an earlier one is not decoded again. What is left is",
         "Python work, not system calls: profiled at 100 members, system time was under 5 µs",
-        "per heartbeat, one send carried about ten heartbeats and one loop wake-up about six;",
-        "the loop thread makes about 170 Python calls per heartbeat (360 before the",
-        "optimizations above) and the application side about 90 (five polls of the",
-        "`network` rows' minimal driver). With few members each heartbeat pays the wake-ups",
-        "alone; with more, wake-ups and writes serve several heartbeats,",
+        "per heartbeat, one send carried about ten heartbeats and one loop wake-up about six.",
+        "Counted with `sys.setprofile` on each thread (50 to 300 members), the loop thread",
+        "makes about 205 Python calls per heartbeat: its run of the member's request managers,",
+        "the answer, and the member snapshot published after each (built from one read of",
+        "the core). The application side makes about 26: five `poll(0)` calls, each of which,",
+        "when nothing happened, reads the snapshot and two queues and returns (no lock, no",
+        "wake-up of the loop; before, about 100). With few members each heartbeat pays the",
+        "wake-ups alone; with more, wake-ups and writes serve several heartbeats,",
         "so the cost per heartbeat falls as members are added. `GroupMember` and `Consumer`",
         "run only on the shared loop (there is no thread-per-member runtime any more); the",
         "facade adds the application's `poll()` work to the `network` rows' cost.",
