@@ -439,8 +439,13 @@ class MemberHost(SimBase):
         self.report.core_calls += 1
         driver = m.driver
         assert driver is not None
-        driver.on_response(self.now, request, response)
+        wait = driver.on_response(self.now, request, response)
         self._check_epoch(m)
+        if wait > 0 and not m.pending_callbacks and not driver.outbox:
+            # A quiet heartbeat answer: as the runtime does (MemberNetwork._on_outcome), no
+            # run now, only one when the heartbeat is next due, unless one comes earlier.
+            self._schedule_wake(m, self.now + wait)
+            return
         self._drive(m)
 
     def _on_timeout(self, m: _Member, x: Any, _y: Any) -> None:
