@@ -62,6 +62,8 @@ from consumer_sdk.simulation.report import SimReport, Violation
 from consumer_sdk.simulation.schedule import generate, topic_names, windows
 from consumer_sdk.simulation.trace import Trace, TraceEvent
 
+_heappush = heapq.heappush
+
 
 class Simulation(MemberHost, Faults, Invariants):
     """A deterministic simulated deployment: ``Simulation(SimConfig(...)).run() -> SimReport``.
@@ -177,14 +179,16 @@ class Simulation(MemberHost, Faults, Invariants):
             _CLOSE_TIMEOUT: self._on_close_timeout,
         }
         slots = self._slots
+        member_events = _MEMBER_EVENTS
+        steps = report.steps
         try:
             while queue:
                 t, _, kind, slot, x, y = pop(queue)
                 if t > end:
                     break
                 self.now = t
-                report.steps += 1
-                if kind in _MEMBER_EVENTS:
+                steps += 1
+                if kind in member_events:
                     m = slots.get(slot)
                     # x carries the incarnation for member events.
                     if m is None or not m.alive or m.inc != x[0]:
@@ -203,10 +207,12 @@ class Simulation(MemberHost, Faults, Invariants):
             self.now = end
         except _StopRun:
             return
+        finally:
+            report.steps = steps
 
     def _push(self, t: int, kind: int, slot: int, x: Any, y: Any) -> None:
-        self._seq += 1
-        heapq.heappush(self._queue, (t, self._seq, kind, slot, x, y))
+        self._seq = seq = self._seq + 1
+        _heappush(self._queue, (t, seq, kind, slot, x, y))
 
     def _violate(self, kind: str, message: str, m: _Member | None = None) -> None:
         v = Violation(self.now, kind, message, m.slot if m else -1, m.member_id if m else "")

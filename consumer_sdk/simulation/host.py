@@ -46,7 +46,6 @@ from consumer_sdk.simulation._base import (
     _RESTART,
     _TICK,
     _TIMEOUT,
-    _TO_COORDINATOR,
     _WAKE,
     IDLE_STATES,
     E,
@@ -56,6 +55,17 @@ from consumer_sdk.simulation._base import (
     _VirtualTransport,
 )
 from consumer_sdk.simulation.schedule import REGEX
+
+
+def _randint(rng: random.Random, lo: int, hi: int) -> int:
+    """``rng.randint(lo, hi)``, the very same draw (CPython's rejection sampling over
+    ``getrandbits``) without its three layers of Python calls: links draw one per message."""
+    n = hi - lo + 1
+    k = n.bit_length()
+    r = rng.getrandbits(k)
+    while r >= n:
+        r = rng.getrandbits(k)
+    return lo + r
 
 
 class MemberHost(SimBase):
@@ -300,9 +310,9 @@ class MemberHost(SimBase):
         mix = self.mix
         rng = self._links[slot]
         lo, hi = mix.latency_ms
-        latency = rng.randint(lo, hi) if hi > lo else lo
+        latency = _randint(rng, lo, hi) if hi > lo else lo
         if mix.spike_probability and rng.random() < mix.spike_probability and self._faulty():
-            latency += rng.randint(*mix.spike_ms)
+            latency += _randint(rng, *mix.spike_ms)
         return latency
 
     def _lost(self, slot: int) -> bool:
@@ -320,19 +330,22 @@ class MemberHost(SimBase):
         now = self.now
         m.inflight[msg] = (request, now)
         x = (m.inc, msg)
+        api = request.api
+        slot = m.slot
         # Commits are not lost at random (as before the driver ran here): a lost one would
         # only wait out its request timeout, which the invariants cannot tell from a bug.
-        lossy = request.api is not Api.OFFSET_COMMIT
-        if not self._reachable(m) or (lossy and self._lost(m.slot)):
+        if m.partitioned_until > now or (api is not Api.OFFSET_COMMIT and self._lost(slot)):
             self.report.messages_lost += 1
-            self._push(now + request.timeout_ms, _TIMEOUT, m.slot, x, None)
+            self._push(now + request.timeout_ms, _TIMEOUT, slot, x, None)
             return
-        if request.api not in _TO_COORDINATOR:
-            self._push(now + 2 * self._latency(m.slot), _RESPONSE, m.slot, x, self._answer(request))
+        if api is Api.HEARTBEAT or api is Api.OFFSET_COMMIT or api is Api.OFFSET_FETCH:
+            arrive = now + self._latency(slot)
+            if arrive < m.last_arrival:
+                arrive = m.last_arrival
+            m.last_arrival = arrive
+            self._push(arrive, _ARRIVE, slot, x, m)
             return
-        arrive = max(now + self._latency(m.slot), m.last_arrival)
-        m.last_arrival = arrive
-        self._push(arrive, _ARRIVE, m.slot, x, m)
+        self._push(now + 2 * self._latency(slot), _RESPONSE, slot, x, self._answer(request))
 
     def _answer(self, request: Outbound) -> Any:
         """What any broker answers to FindCoordinator, Metadata and the group's session
