@@ -250,3 +250,14 @@ def test_simulator_catches_a_driver_that_sends_commits_after_the_leave() -> None
     report = Simulation(config, events=events, driver_factory=_SendsCommitsLast).run()
     assert report.violations
     assert {v.kind for v in report.violations} == {"commit-after-leave"}
+
+
+def test_link_draws_are_randint_draws() -> None:
+    """The links' fast draw is ``randint``'s own (same values, same generator state after),
+    so a seed replays the same latencies whichever of the two a version uses."""
+    from consumer_sdk.simulation.host import _randint
+
+    for lo, hi in [(1, 20), (1, 100), (50, 500), (100, 3_000), (0, 1), (7, 8)]:
+        a, b = random.Random(f"link/{lo}/{hi}"), random.Random(f"link/{lo}/{hi}")
+        assert [_randint(a, lo, hi) for _ in range(500)] == [b.randint(lo, hi) for _ in range(500)]
+        assert a.random() == b.random()
