@@ -83,6 +83,7 @@ class _Member:
     subscribed_version: int = -1
     subscription: Subscription[uuid.UUID] | None = None
     wire: tuple[TopicIdPartitions, ...] | None = None
+    plain_response: HeartbeatResponse | None = None
 
     def view(self) -> MemberAssignment:
         return MemberAssignment(self.state, self.epoch, self.assigned, self.pending)
@@ -599,19 +600,32 @@ class GroupCoordinator:
             and (req.subscribed_topic_names is not None or req.subscribed_topic_regex is not None)
             and req.topic_partitions is not None
         )
-        assignment = None
+        interval = self.config.heartbeat_interval_ms
         changed_assignment = m.assigned is not before and m.assigned != before
         if epoch == 0 or full or changed_assignment or replaced is not None:
             if m.wire is None:
                 m.wire = _to_wire(m.assigned)
-            assignment = m.wire
-        return HeartbeatResponse(
-            error_code=0,
-            member_epoch=m.epoch,
-            heartbeat_interval_ms=self.config.heartbeat_interval_ms,
-            member_id=m.member_id,
-            assignment=assignment,
-        )
+            return HeartbeatResponse(
+                error_code=0,
+                member_epoch=m.epoch,
+                heartbeat_interval_ms=interval,
+                member_id=m.member_id,
+                assignment=m.wire,
+            )
+        # No assignment to send: the answer of most heartbeats, reused (responses are immutable).
+        plain = m.plain_response
+        if (
+            plain is None
+            or plain.member_epoch != m.epoch
+            or plain.heartbeat_interval_ms != interval
+        ):
+            plain = m.plain_response = HeartbeatResponse(
+                error_code=0,
+                member_epoch=m.epoch,
+                heartbeat_interval_ms=interval,
+                member_id=m.member_id,
+            )
+        return plain
 
     # ------------------------------------------------------------------------------------------
     # Group bookkeeping

@@ -14,6 +14,7 @@ import enum
 import logging
 import random
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from consumer_sdk.backoff import Backoff
 from consumer_sdk.domain import HeartbeatRequest, HeartbeatResponse
@@ -78,8 +79,9 @@ class _Kind(enum.Enum):
     STALE_LEAVE = "STALE_LEAVE"  # poll-expiry leave: the response is ignored
 
 
-@dataclass(frozen=True, slots=True)
-class _InFlight:
+class _InFlight(NamedTuple):
+    """A heartbeat sent and not answered yet (a tuple: one is built per heartbeat)."""
+
     request: HeartbeatRequest
     kind: _Kind
     sent_ms: int
@@ -195,6 +197,7 @@ class HeartbeatRequestManager:
             Backoff(cfg.retry_backoff_ms, cfg.retry_backoff_max_ms, cfg.retry_backoff_jitter, rng)
         )
         self._sent = _SentFields()
+        self._plain: HeartbeatRequest | None = None  # see `_build_plain`
         self._in_flight: list[_InFlight] = []
         self._regular_count = 0  # REGULAR heartbeats in ``_in_flight``
         self._coordinator_known = False
@@ -313,7 +316,7 @@ class HeartbeatRequestManager:
             request = self._send(now_ms, _Kind.LEAVE)
             return PollResult(request, self.time_until_next_poll(now_ms))
 
-        if self._can_send(now_ms, state):
+        if self._regular_count == 0 and self._can_send(now_ms, state):
             request = self._send(now_ms, _Kind.REGULAR)
             return PollResult(request, self.time_until_next_poll(now_ms))
         return PollResult(None, self.time_until_next_poll(now_ms))
@@ -340,27 +343,34 @@ class HeartbeatRequestManager:
         """How long the host may wait before calling `poll` again."""
         state = self._m.state
         timing = self._timing
-        idle = max(timing.interval_ms, self._cfg.retry_backoff_max_ms)
+        idle = timing.interval_ms
+        backoff_max = self._cfg.retry_backoff_max_ms
+        if backoff_max > idle:
+            idle = backoff_max
         if state in NOT_IN_GROUP:  # FATAL included
             return idle
         if not self._coordinator_known:
             return 0 if state is S.LEAVING else idle
         if state is S.LEAVING:
             return 0
-        if self._poll_deadline_ms is not None and state not in LEAVING_STATES:
-            poll_remaining = self._poll_deadline_ms - now_ms
+        deadline = self._poll_deadline_ms
+        half = -1  # half the time left before the poll timer expires (-1: no timer)
+        if deadline is not None and state not in LEAVING_STATES:
+            poll_remaining = deadline - now_ms
             if poll_remaining <= 0:
                 return 0
-        else:
-            poll_remaining = None
-        if self._regular_in_flight():
+            half = (poll_remaining + 1) // 2
+        if self._regular_count > 0:
             wait = idle  # the response wakes the host up
         elif self._heartbeat_now(state):
             wait = timing.failure_backoff_remaining(now_ms)
         else:
-            wait = max(timing.interval_remaining(now_ms), timing.backoff_remaining(now_ms))
-        if poll_remaining is not None:
-            wait = min(wait, (poll_remaining + 1) // 2)
+            wait = timing.interval_remaining(now_ms)
+            backoff = timing.backoff_remaining(now_ms)
+            if backoff > wait:
+                wait = backoff
+        if 0 <= half < wait:
+            wait = half
         return wait
 
     # ------------------------------------------------------------------------------------------
@@ -390,14 +400,20 @@ class HeartbeatRequestManager:
         return request
 
     def _build_plain(self) -> HeartbeatRequest:
-        """Only the identity fields (a leave, or a plain heartbeat that changes nothing)."""
-        m = self._m
-        return HeartbeatRequest(
-            group_id=self._cfg.group_id,
-            member_id=m.member_id,
-            member_epoch=m.member_epoch,
-            instance_id=self._cfg.group_instance_id,
-        )
+        """Only the identity fields (a leave, or a plain heartbeat that changes nothing).
+
+        Requests are immutable, so the last one is reused while the epoch is the same: most
+        heartbeats of a stable member are this one."""
+        epoch = self._m.member_epoch
+        plain = self._plain
+        if plain is None or plain.member_epoch != epoch:
+            plain = self._plain = HeartbeatRequest(
+                group_id=self._cfg.group_id,
+                member_id=self._m.member_id,
+                member_epoch=epoch,
+                instance_id=self._cfg.group_instance_id,
+            )
+        return plain
 
     def _build(self) -> HeartbeatRequest:
         """A full heartbeat when joining, else only what changed since it was last sent."""
@@ -442,6 +458,8 @@ class HeartbeatRequestManager:
         if full or assignment_changed:
             topic_partitions = current.to_wire()
             sent.assignment = current
+        elif rebalance_timeout_ms == -1 and names is None and assignor is None:
+            return self._build_plain()  # nothing changed (regex is None with names)
 
         return HeartbeatRequest(
             group_id=cfg.group_id,
