@@ -30,7 +30,8 @@ class Backoff:
         """Backoff after ``attempts`` previous failures (0 -> about ``base``)."""
         if self._exp_max == 0.0:
             return self._base
-        term = self._base * (2.0 ** min(float(attempts), self._exp_max))
+        # attempts 0 (after every success) needs no power: base * 2.0 ** 0.0 is base
+        term = self._base * (2.0 ** min(float(attempts), self._exp_max)) if attempts else self._base
         factor = 1.0
         jitter = self._jitter
         if jitter > 0.0:

@@ -160,20 +160,22 @@ class MemberHost(SimBase):
         core = m.core
         driver = m.driver
         assert driver is not None
-        self._drain(m)
+        if driver.outbox or core.background_events:
+            self._drain(m)
         if not m.alive:
             return
         if self.config.coalesce_polls:
             self._deliver_poll(m)
         self.report.core_calls += 1
         wait = driver.run(now)
-        self._drain(m)
-        if not m.alive:
-            return
+        if driver.outbox or core.background_events:
+            self._drain(m)
+            if not m.alive:
+                return
         self._schedule_wake(m, now + max(1, wait))
-        if (
+        if m.tick_at < 0 and (
             m.pending_callbacks or core.app_events or core.state not in IDLE_STATES
-        ) and m.tick_at < 0:
+        ):
             self._schedule_tick(m, now)
 
     def _schedule_wake(self, m: _Member, at: int) -> None:
