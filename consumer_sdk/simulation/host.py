@@ -164,8 +164,12 @@ class MemberHost(SimBase):
             self._drain(m)
         if not m.alive:
             return
-        if self.config.coalesce_polls:
-            self._deliver_poll(m)
+        if (
+            self.config.coalesce_polls
+            and m.app_active
+            and (now - m.delivered_poll >= self._poll_refresh_ms or core.state not in IDLE_STATES)
+        ):
+            self._deliver_poll(m)  # (its first checks, inline: a stable member skips it)
         self.report.core_calls += 1
         wait = driver.run(now)
         if driver.outbox or core.background_events:
