@@ -14,6 +14,7 @@ import enum
 import logging
 import random
 from dataclasses import dataclass, field
+from functools import partial
 from typing import NamedTuple
 
 from consumer_sdk.backoff import Backoff
@@ -86,6 +87,10 @@ class _InFlight(NamedTuple):
     kind: _Kind
     sent_ms: int
     generation: int
+
+
+# ``_InFlight(...)`` goes through a generated Python function; this builds it in C.
+_in_flight = partial(tuple.__new__, _InFlight)
 
 
 class HeartbeatTiming:
@@ -386,7 +391,7 @@ class HeartbeatRequestManager:
         # first assignment at all, so its schedule does not move either.)
         off_schedule = m.state is S.ACKNOWLEDGING and self._timing.interval_remaining(now_ms) > 0
         request = self._build() if kind is _Kind.REGULAR else self._build_plain()
-        self._in_flight.append(_InFlight(request, kind, now_ms, m.generation))
+        self._in_flight.append(_in_flight((request, kind, now_ms, m.generation)))
         if kind is _Kind.REGULAR:
             self._regular_count += 1
         if not off_schedule:
