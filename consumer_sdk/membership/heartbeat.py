@@ -494,6 +494,9 @@ class HeartbeatRequestManager:
         return record
 
     def _take(self, request: HeartbeatRequest | None) -> _InFlight | None:
+        in_flight = self._in_flight
+        if in_flight and in_flight[0].request is request:  # nearly always: the oldest
+            return in_flight.pop(0)
         if request is not None:
             for i, record in enumerate(self._in_flight):
                 if record.request is request:
