@@ -196,6 +196,7 @@ class HeartbeatRequestManager:
     ) -> None:
         cfg = membership.config
         self._m = membership
+        self._sm = membership.state_machine  # ``self._sm.state``: the member's state
         self._cfg = cfg
         self._metrics = metrics
         self._timing = HeartbeatTiming(
@@ -290,7 +291,7 @@ class HeartbeatRequestManager:
     def poll(self, now_ms: int) -> PollResult:
         """The heartbeat to send now, if any, and the time until the next call."""
         m = self._m
-        state = m.state
+        state = self._sm.state
         if state is S.FATAL:
             return PollResult(None, self.time_until_next_poll(now_ms))
         if not self._coordinator_known or state in NOT_IN_GROUP:
@@ -346,7 +347,7 @@ class HeartbeatRequestManager:
 
     def time_until_next_poll(self, now_ms: int) -> int:
         """How long the host may wait before calling `poll` again."""
-        state = self._m.state
+        state = self._sm.state
         timing = self._timing
         idle = timing.interval_ms
         backoff_max = self._cfg.retry_backoff_max_ms
@@ -389,7 +390,9 @@ class HeartbeatRequestManager:
         # heartbeat brings, such as the partitions a new member gets once the others have
         # released them, by the callbacks' time. (librdkafka does not acknowledge an empty
         # first assignment at all, so its schedule does not move either.)
-        off_schedule = m.state is S.ACKNOWLEDGING and self._timing.interval_remaining(now_ms) > 0
+        off_schedule = (
+            self._sm.state is S.ACKNOWLEDGING and self._timing.interval_remaining(now_ms) > 0
+        )
         request = self._build() if kind is _Kind.REGULAR else self._build_plain()
         self._in_flight.append(_in_flight((request, kind, now_ms, m.generation)))
         if kind is _Kind.REGULAR:
@@ -425,7 +428,7 @@ class HeartbeatRequestManager:
         m = self._m
         cfg = self._cfg
         sent = self._sent
-        full = m.state is S.JOINING
+        full = self._sm.state is S.JOINING
         current = m.current_assignment
         assignment_changed = sent.assignment is not current and sent.assignment != current
 
@@ -538,7 +541,7 @@ class HeartbeatRequestManager:
             else:
                 m.on_heartbeat_success(now_ms, response)
                 m.maybe_reconcile(now_ms, can_commit=False)
-                if m.state is S.JOINING:
+                if self._sm.state is S.JOINING:
                     self._join_answered = m.generation
         else:
             self._on_error_response(now_ms, response, stale)

@@ -153,6 +153,12 @@ class MembershipManager:
         return self._sm.state  # the methods below read ``self._sm.state`` (hot path)
 
     @property
+    def state_machine(self) -> StateMachine:
+        """The state machine: the heartbeat manager reads its ``state`` attribute directly
+        (several times per heartbeat) instead of through `state`."""
+        return self._sm
+
+    @property
     def member_id(self) -> str:
         return self._member_id
 

@@ -378,7 +378,7 @@ class MemberHost(SimBase):
         request, sent = entry
         now = self.now
         timeout = sent + request.timeout_ms
-        if self._coord_down_until > now or not self._reachable(m):
+        if self._coord_down_until > now or m.partitioned_until > now:
             self.report.messages_lost += 1
             self._push(max(now, timeout), _TIMEOUT, slot, x, None)
             return
@@ -448,7 +448,7 @@ class MemberHost(SimBase):
         if entry is None:
             return
         request, sent = entry
-        if not self._reachable(m):  # the partition started while it was on its way back
+        if m.partitioned_until > self.now:  # the partition started while it was on its way back
             self.report.messages_lost += 1
             m.inflight[x[1]] = entry
             self._push(max(self.now, sent + request.timeout_ms), _TIMEOUT, m.slot, x, None)
@@ -463,7 +463,10 @@ class MemberHost(SimBase):
         if wait > 0 and not m.pending_callbacks and not driver.outbox:
             # A quiet heartbeat answer: as the runtime does (MemberNetwork._on_outcome), no
             # run now, only one when the heartbeat is next due, unless one comes earlier.
-            self._schedule_wake(m, self.now + wait)
+            now = self.now
+            at = now + wait
+            if not now <= m.wake_at <= at:  # (else the run already scheduled comes first)
+                self._schedule_wake(m, at)
             return
         self._drive(m)
 
