@@ -394,7 +394,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kafka-home", default=None, help="for --broker real ($KAFKA_HOME)")
     parser.add_argument(
         "--only",
-        choices=("heartbeat", "aio"),
+        choices=("heartbeat", "aio", "simulation"),
         default=None,
         help="re-run one benchmark and rewrite benchmarks.md with the other sections taken "
         "from the previous full run (docs/benchmarks.json)",
@@ -406,7 +406,7 @@ def main(argv: list[str] | None = None) -> int:
         return _run_real(args)
     started = time.monotonic()
     from bench import aio as aio_bench
-    from bench import convergence, heartbeat_cost, throughput
+    from bench import convergence, heartbeat_cost, simulation_speed, throughput
 
     spark: dict[str, Any] | None = None
     spark_missing = ""
@@ -418,9 +418,13 @@ def main(argv: list[str] | None = None) -> int:
         if spark is None:
             spark_missing = "not in the previous full run"
         hb, aio = previous["heartbeat"], previous.get("aio")
+        sim = previous.get("simulation")
         if args.only == "heartbeat":
             print("heartbeat cost ...", flush=True)
             hb = heartbeat_cost.run(args.quick)
+        elif args.only == "simulation":
+            print("simulator speed ...", flush=True)
+            sim = simulation_speed.run(minutes=6 if args.quick else 60)
         else:
             print("asyncio face ...", flush=True)
             aio = aio_bench.run(args.quick)
@@ -433,6 +437,8 @@ def main(argv: list[str] | None = None) -> int:
         hb = heartbeat_cost.run(args.quick)
         print("asyncio face ...", flush=True)
         aio = aio_bench.run(args.quick)
+        print("simulator speed ...", flush=True)
+        sim = simulation_speed.run(minutes=6 if args.quick else 60)
         print("assignors (goal cases) ...", flush=True)
         assign_rows = [] if args.quick else _assignor_goals()
         try:
@@ -458,6 +464,7 @@ def main(argv: list[str] | None = None) -> int:
                 "throughput": thr,
                 "heartbeat": hb,
                 "aio": aio,
+                "simulation": sim,
                 "assignors": assign_rows,
                 "spark": spark,
             },
@@ -606,6 +613,8 @@ def main(argv: list[str] | None = None) -> int:
     ]
     if aio is not None:
         lines += ["", *aio_bench.render(aio)]
+    if sim is not None:
+        lines += ["", *simulation_speed.render(sim)]
     if assign_rows:
         lines += [
             "",

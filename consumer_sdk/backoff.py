@@ -30,10 +30,14 @@ class Backoff:
         """Backoff after ``attempts`` previous failures (0 -> about ``base``)."""
         if self._exp_max == 0.0:
             return self._base
-        term = self._base * (2.0 ** min(float(attempts), self._exp_max))
+        # attempts 0 (after every success) needs no power: base * 2.0 ** 0.0 is base
+        term = self._base * (2.0 ** min(float(attempts), self._exp_max)) if attempts else self._base
         factor = 1.0
-        if self._jitter > 0.0:
-            factor = self._rng.uniform(1.0 - self._jitter, 1.0 + self._jitter)
+        jitter = self._jitter
+        if jitter > 0.0:
+            # random.uniform(1 - jitter, 1 + jitter), the same draw without its Python call
+            low = 1.0 - jitter
+            factor = low + ((1.0 + jitter) - low) * self._rng.random()
         return min(self._max, int(term * factor))
 
     def backoff_s(self, attempts: int) -> float:

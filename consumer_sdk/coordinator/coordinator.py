@@ -74,11 +74,16 @@ class _Member:
     pending: frozenset[IdPartition] = _EMPTY
     partition_epochs: dict[IdPartition, int] = field(default_factory=dict)
     session_deadline_ms: int = 0
+    # The timer sequence number of the arm that set ``session_deadline_ms``, and of this
+    # member's session entry in the timer heap (-1: none); see `GroupCoordinator.tick`.
+    session_seq: int = 0
+    session_timer_seq: int = -1
     rebalance_deadline_ms: int | None = None
     subscribed: frozenset[uuid.UUID] = frozenset()
     subscribed_version: int = -1
     subscription: Subscription[uuid.UUID] | None = None
     wire: tuple[TopicIdPartitions, ...] | None = None
+    plain_response: HeartbeatResponse | None = None
 
     def view(self) -> MemberAssignment:
         return MemberAssignment(self.state, self.epoch, self.assigned, self.pending)
@@ -241,6 +246,7 @@ class GroupCoordinator:
         self._timers = []
         for group in self._groups.values():
             for m in group.members.values():
+                m.session_timer_seq = -1
                 self._arm_session(group, m, ready)
                 if m.rebalance_deadline_ms is not None:
                     self._arm_rebalance(group, m, ready)
@@ -306,7 +312,7 @@ class GroupCoordinator:
             return removed
         timers = self._timers
         while timers and timers[0][0] <= now_ms:
-            deadline, _, kind, group_id, member_id = heapq.heappop(timers)
+            deadline, seq, kind, group_id, member_id = heapq.heappop(timers)
             group = self._groups.get(group_id)
             m = group.members.get(member_id) if group is not None else None
             if group is None or m is None:
@@ -315,6 +321,14 @@ class GroupCoordinator:
                 LOG.info("[%s] member %s session expired", group_id, member_id)
                 self._remove(group, m, EventKind.SESSION_EXPIRED, "session timeout")
                 removed.append((group_id, member_id, EventKind.SESSION_EXPIRED))
+            elif kind == 0 and seq == m.session_timer_seq:
+                # The member's session entry, armed again since: it moves to the latest
+                # deadline with the latest arm's sequence number, the very entry an eager
+                # push per heartbeat would have left there (so timers fire in the same order).
+                m.session_timer_seq = m.session_seq
+                heapq.heappush(
+                    timers, (m.session_deadline_ms, m.session_seq, 0, group_id, member_id)
+                )
             elif kind == 1 and m.rebalance_deadline_ms == deadline:
                 LOG.info(
                     "[%s] member %s fenced: still revoking at epoch %d after its rebalance timeout",
@@ -331,8 +345,18 @@ class GroupCoordinator:
         heapq.heappush(self._timers, (deadline, self._timer_seq, kind, group.group_id, member_id))
 
     def _arm_session(self, group: _Group, m: _Member, now_ms: int) -> None:
-        m.session_deadline_ms = now_ms + self.config.session_timeout_ms
-        self._push_timer(m.session_deadline_ms, 0, group, m.member_id)
+        """Restart the member's session timeout. One heap entry per member: every heartbeat
+        moves the deadline, and `tick` moves a due entry whose deadline has moved (instead of
+        a push per heartbeat and a heap of stale entries)."""
+        deadline = now_ms + self.config.session_timeout_ms
+        self._timer_seq += 1
+        m.session_seq = self._timer_seq
+        if m.session_timer_seq >= 0 and deadline >= m.session_deadline_ms:
+            m.session_deadline_ms = deadline
+            return
+        m.session_deadline_ms = deadline
+        m.session_timer_seq = self._timer_seq
+        heapq.heappush(self._timers, (deadline, self._timer_seq, 0, group.group_id, m.member_id))
 
     def _arm_rebalance(self, group: _Group, m: _Member, now_ms: int) -> None:
         m.rebalance_deadline_ms = now_ms + m.rebalance_timeout_ms
@@ -551,15 +575,16 @@ class GroupCoordinator:
         if not (
             m.state is MAS.STABLE and m.epoch == group.assignment_epoch and not subscription_changed
         ):
+            view = m.view()
             result = reconcile(
-                m.view(),
+                view,
                 target_epoch=group.assignment_epoch,
                 target=self._target(group, m.member_id),
                 owned=owned,
                 subscribed=self._subscribed(m),
                 held_by_other=_held_by_other(group.holders, m.member_id),
             )
-            if result != m.view():
+            if result is not view and result != view:
                 self._set_member(
                     group, m, result.state, result.epoch, result.assigned, result.pending_revocation
                 )
@@ -575,18 +600,32 @@ class GroupCoordinator:
             and (req.subscribed_topic_names is not None or req.subscribed_topic_regex is not None)
             and req.topic_partitions is not None
         )
-        assignment = None
-        if epoch == 0 or full or m.assigned != before or replaced is not None:
+        interval = self.config.heartbeat_interval_ms
+        changed_assignment = m.assigned is not before and m.assigned != before
+        if epoch == 0 or full or changed_assignment or replaced is not None:
             if m.wire is None:
                 m.wire = _to_wire(m.assigned)
-            assignment = m.wire
-        return HeartbeatResponse(
-            error_code=0,
-            member_epoch=m.epoch,
-            heartbeat_interval_ms=self.config.heartbeat_interval_ms,
-            member_id=m.member_id,
-            assignment=assignment,
-        )
+            return HeartbeatResponse(
+                error_code=0,
+                member_epoch=m.epoch,
+                heartbeat_interval_ms=interval,
+                member_id=m.member_id,
+                assignment=m.wire,
+            )
+        # No assignment to send: the answer of most heartbeats, reused (responses are immutable).
+        plain = m.plain_response
+        if (
+            plain is None
+            or plain.member_epoch != m.epoch
+            or plain.heartbeat_interval_ms != interval
+        ):
+            plain = m.plain_response = HeartbeatResponse(
+                error_code=0,
+                member_epoch=m.epoch,
+                heartbeat_interval_ms=interval,
+                member_id=m.member_id,
+            )
+        return plain
 
     # ------------------------------------------------------------------------------------------
     # Group bookkeeping

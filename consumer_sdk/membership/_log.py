@@ -21,6 +21,10 @@ class MemberLog:
         member_id, epoch = self._member()
         return f"{self._head}, memberId={member_id}, epoch={epoch}] "
 
+    def enabled(self, level: int) -> bool:
+        """Whether a line at ``level`` is logged: guards arguments that cost to compute."""
+        return LOGGER.isEnabledFor(level)
+
     def debug(self, msg: str, *args: object) -> None:
         if LOGGER.isEnabledFor(logging.DEBUG):
             LOGGER.debug(self._prefix() + msg, *args)

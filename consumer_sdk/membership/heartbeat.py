@@ -14,6 +14,8 @@ import enum
 import logging
 import random
 from dataclasses import dataclass, field
+from functools import partial
+from typing import NamedTuple
 
 from consumer_sdk.backoff import Backoff
 from consumer_sdk.domain import HeartbeatRequest, HeartbeatResponse
@@ -78,12 +80,17 @@ class _Kind(enum.Enum):
     STALE_LEAVE = "STALE_LEAVE"  # poll-expiry leave: the response is ignored
 
 
-@dataclass(frozen=True, slots=True)
-class _InFlight:
+class _InFlight(NamedTuple):
+    """A heartbeat sent and not answered yet (a tuple: one is built per heartbeat)."""
+
     request: HeartbeatRequest
     kind: _Kind
     sent_ms: int
     generation: int
+
+
+# ``_InFlight(...)`` goes through a generated Python function; this builds it in C.
+_in_flight = partial(tuple.__new__, _InFlight)
 
 
 class HeartbeatTiming:
@@ -189,12 +196,14 @@ class HeartbeatRequestManager:
     ) -> None:
         cfg = membership.config
         self._m = membership
+        self._sm = membership.state_machine  # ``self._sm.state``: the member's state
         self._cfg = cfg
         self._metrics = metrics
         self._timing = HeartbeatTiming(
             Backoff(cfg.retry_backoff_ms, cfg.retry_backoff_max_ms, cfg.retry_backoff_jitter, rng)
         )
         self._sent = _SentFields()
+        self._plain: HeartbeatRequest | None = None  # see `_build_plain`
         self._in_flight: list[_InFlight] = []
         self._regular_count = 0  # REGULAR heartbeats in ``_in_flight``
         self._coordinator_known = False
@@ -282,7 +291,7 @@ class HeartbeatRequestManager:
     def poll(self, now_ms: int) -> PollResult:
         """The heartbeat to send now, if any, and the time until the next call."""
         m = self._m
-        state = m.state
+        state = self._sm.state
         if state is S.FATAL:
             return PollResult(None, self.time_until_next_poll(now_ms))
         if not self._coordinator_known or state in NOT_IN_GROUP:
@@ -313,7 +322,7 @@ class HeartbeatRequestManager:
             request = self._send(now_ms, _Kind.LEAVE)
             return PollResult(request, self.time_until_next_poll(now_ms))
 
-        if self._can_send(now_ms, state):
+        if self._regular_count == 0 and self._can_send(now_ms, state):
             request = self._send(now_ms, _Kind.REGULAR)
             return PollResult(request, self.time_until_next_poll(now_ms))
         return PollResult(None, self.time_until_next_poll(now_ms))
@@ -338,29 +347,36 @@ class HeartbeatRequestManager:
 
     def time_until_next_poll(self, now_ms: int) -> int:
         """How long the host may wait before calling `poll` again."""
-        state = self._m.state
+        state = self._sm.state
         timing = self._timing
-        idle = max(timing.interval_ms, self._cfg.retry_backoff_max_ms)
+        idle = timing.interval_ms
+        backoff_max = self._cfg.retry_backoff_max_ms
+        if backoff_max > idle:
+            idle = backoff_max
         if state in NOT_IN_GROUP:  # FATAL included
             return idle
         if not self._coordinator_known:
             return 0 if state is S.LEAVING else idle
         if state is S.LEAVING:
             return 0
-        if self._poll_deadline_ms is not None and state not in LEAVING_STATES:
-            poll_remaining = self._poll_deadline_ms - now_ms
+        deadline = self._poll_deadline_ms
+        half = -1  # half the time left before the poll timer expires (-1: no timer)
+        if deadline is not None and state not in LEAVING_STATES:
+            poll_remaining = deadline - now_ms
             if poll_remaining <= 0:
                 return 0
-        else:
-            poll_remaining = None
-        if self._regular_in_flight():
+            half = (poll_remaining + 1) // 2
+        if self._regular_count > 0:
             wait = idle  # the response wakes the host up
         elif self._heartbeat_now(state):
             wait = timing.failure_backoff_remaining(now_ms)
         else:
-            wait = max(timing.interval_remaining(now_ms), timing.backoff_remaining(now_ms))
-        if poll_remaining is not None:
-            wait = min(wait, (poll_remaining + 1) // 2)
+            wait = timing.interval_remaining(now_ms)
+            backoff = timing.backoff_remaining(now_ms)
+            if backoff > wait:
+                wait = backoff
+        if 0 <= half < wait:
+            wait = half
         return wait
 
     # ------------------------------------------------------------------------------------------
@@ -374,9 +390,11 @@ class HeartbeatRequestManager:
         # heartbeat brings, such as the partitions a new member gets once the others have
         # released them, by the callbacks' time. (librdkafka does not acknowledge an empty
         # first assignment at all, so its schedule does not move either.)
-        off_schedule = m.state is S.ACKNOWLEDGING and self._timing.interval_remaining(now_ms) > 0
+        off_schedule = (
+            self._sm.state is S.ACKNOWLEDGING and self._timing.interval_remaining(now_ms) > 0
+        )
         request = self._build() if kind is _Kind.REGULAR else self._build_plain()
-        self._in_flight.append(_InFlight(request, kind, now_ms, m.generation))
+        self._in_flight.append(_in_flight((request, kind, now_ms, m.generation)))
         if kind is _Kind.REGULAR:
             self._regular_count += 1
         if not off_schedule:
@@ -390,21 +408,27 @@ class HeartbeatRequestManager:
         return request
 
     def _build_plain(self) -> HeartbeatRequest:
-        """Only the identity fields (a leave, or a plain heartbeat that changes nothing)."""
-        m = self._m
-        return HeartbeatRequest(
-            group_id=self._cfg.group_id,
-            member_id=m.member_id,
-            member_epoch=m.member_epoch,
-            instance_id=self._cfg.group_instance_id,
-        )
+        """Only the identity fields (a leave, or a plain heartbeat that changes nothing).
+
+        Requests are immutable, so the last one is reused while the epoch is the same: most
+        heartbeats of a stable member are this one."""
+        epoch = self._m.member_epoch
+        plain = self._plain
+        if plain is None or plain.member_epoch != epoch:
+            plain = self._plain = HeartbeatRequest(
+                group_id=self._cfg.group_id,
+                member_id=self._m.member_id,
+                member_epoch=epoch,
+                instance_id=self._cfg.group_instance_id,
+            )
+        return plain
 
     def _build(self) -> HeartbeatRequest:
         """A full heartbeat when joining, else only what changed since it was last sent."""
         m = self._m
         cfg = self._cfg
         sent = self._sent
-        full = m.state is S.JOINING
+        full = self._sm.state is S.JOINING
         current = m.current_assignment
         assignment_changed = sent.assignment is not current and sent.assignment != current
 
@@ -442,6 +466,8 @@ class HeartbeatRequestManager:
         if full or assignment_changed:
             topic_partitions = current.to_wire()
             sent.assignment = current
+        elif rebalance_timeout_ms == -1 and names is None and assignor is None:
+            return self._build_plain()  # nothing changed (regex is None with names)
 
         return HeartbeatRequest(
             group_id=cfg.group_id,
@@ -471,6 +497,9 @@ class HeartbeatRequestManager:
         return record
 
     def _take(self, request: HeartbeatRequest | None) -> _InFlight | None:
+        in_flight = self._in_flight
+        if in_flight and in_flight[0].request is request:  # nearly always: the oldest
+            return in_flight.pop(0)
         if request is not None:
             for i, record in enumerate(self._in_flight):
                 if record.request is request:
@@ -512,7 +541,7 @@ class HeartbeatRequestManager:
             else:
                 m.on_heartbeat_success(now_ms, response)
                 m.maybe_reconcile(now_ms, can_commit=False)
-                if m.state is S.JOINING:
+                if self._sm.state is S.JOINING:
                     self._join_answered = m.generation
         else:
             self._on_error_response(now_ms, response, stale)

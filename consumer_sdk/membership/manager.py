@@ -14,6 +14,7 @@ Heartbeat timing, content and the error policy live in
 from __future__ import annotations
 
 import enum
+import logging
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -150,6 +151,12 @@ class MembershipManager:
     @property
     def state(self) -> MemberState:
         return self._sm.state  # the methods below read ``self._sm.state`` (hot path)
+
+    @property
+    def state_machine(self) -> StateMachine:
+        """The state machine: the heartbeat manager reads its ``state`` attribute directly
+        (several times per heartbeat) instead of through `state`."""
+        return self._sm
 
     @property
     def member_id(self) -> str:
@@ -578,14 +585,15 @@ class MembershipManager:
         if not can_commit and (self._cfg.auto_commit or revoked):
             return  # revocation and the pre-rebalance commit only run inside poll()
         running = rec.start_pass(resolution)
-        self._log.info(
-            "Reconciling local epoch %d: assigned %s, owned %s, added %s, revoked %s",
-            resolution.resolved.local_epoch,
-            sorted_named(resolution.assigned),
-            sorted_named(rec.owned),
-            sorted_named(running.added),
-            sorted_named(running.revoked),
-        )
+        if self._log.enabled(logging.INFO):
+            self._log.info(
+                "Reconciling local epoch %d: assigned %s, owned %s, added %s, revoked %s",
+                resolution.resolved.local_epoch,
+                sorted_named(resolution.assigned),
+                sorted_named(rec.owned),
+                sorted_named(running.added),
+                sorted_named(running.revoked),
+            )
         rec.mark_pending_revocation(running.revoked)
         if self._cfg.auto_commit:
             running.step = Step.COMMIT
@@ -598,7 +606,7 @@ class MembershipManager:
             return
         revoked = running.revoked & self._rec.owned
         running.step = Step.REVOKE
-        if revoked:
+        if revoked and self._log.enabled(logging.INFO):
             self._log.info("Revoking partitions %s", sorted_named(revoked))
         callback = self._request_callback(
             CallbackKind.REVOKED, revoked, _Purpose.RECONCILE_REVOKE, running.pass_id

@@ -28,8 +28,11 @@ class _Windowed:
     def record(self, now_ms: int, value: float = 1.0) -> None:
         samples = self._samples
         samples.append((now_ms, value))
-        if samples[0][0] <= now_ms - self._window_ms:  # per heartbeat: expire only if due
-            self._expire(now_ms)
+        limit = now_ms - self._window_ms
+        if samples[0][0] <= limit:  # per heartbeat: expire only if due (inline: hot path)
+            popleft = samples.popleft
+            while samples and samples[0][0] <= limit:
+                popleft()
 
     def _expire(self, now_ms: int) -> None:
         while self._samples and self._samples[0][0] <= now_ms - self._window_ms:

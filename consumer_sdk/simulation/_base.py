@@ -29,7 +29,6 @@ from consumer_sdk.membership import (
     StateChanged,
 )
 from consumer_sdk.runtime.driver import (
-    Api,
     DriverConfig,
     MemberDriver,
     Outbound,
@@ -81,7 +80,6 @@ _CLOSE_TIMEOUT = 15
 _DISCONNECT = 16
 
 _MEMBER_EVENTS = frozenset({_WAKE, _TICK, _RESPONSE, _TIMEOUT, _CALLBACK_DONE, _CLOSE_TIMEOUT})
-_TO_COORDINATOR = frozenset({Api.HEARTBEAT, Api.OFFSET_COMMIT, Api.OFFSET_FETCH})
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,6 +15,7 @@ of scheduled events) replays a run exactly. Invariants are checked as things cha
 
 from __future__ import annotations
 
+import gc
 import heapq
 import logging
 import random
@@ -61,6 +62,11 @@ from consumer_sdk.simulation.invariants import Invariants
 from consumer_sdk.simulation.report import SimReport, Violation
 from consumer_sdk.simulation.schedule import generate, topic_names, windows
 from consumer_sdk.simulation.trace import Trace, TraceEvent
+
+_heappush = heapq.heappush
+
+#: The cyclic collector's thresholds during a run (see `Simulation.run`).
+_GC_THRESHOLDS = (50_000, 20, 100)
 
 
 class Simulation(MemberHost, Faults, Invariants):
@@ -134,6 +140,12 @@ class Simulation(MemberHost, Faults, Invariants):
         # Thousands of members log every failed heartbeat; the report counts what matters.
         core_logger.setLevel(logging.CRITICAL + 1)
         coordinator_logger.setLevel(logging.CRITICAL + 1)
+        # Each event allocates a few short-lived objects, nearly all freed by reference
+        # counting: the cyclic collector's default young-generation threshold (700) would
+        # run it every few events and rescan the members' state in its older generations
+        # (about a tenth of the run). Collections are spaced out, not turned off.
+        gc_thresholds = gc.get_threshold()
+        gc.set_threshold(*_GC_THRESHOLDS)
         started = time.perf_counter()
         try:
             for i, event in enumerate(self.events):
@@ -145,6 +157,7 @@ class Simulation(MemberHost, Faults, Invariants):
                 self._push(int(cfg.progress_every_min * 60_000), _PROGRESS, -1, started, None)
             self._loop(cfg.duration_ms, started)
         finally:
+            gc.set_threshold(*gc_thresholds)
             core_logger.setLevel(saved[0])
             coordinator_logger.setLevel(saved[1])
         r = self.report
@@ -177,14 +190,16 @@ class Simulation(MemberHost, Faults, Invariants):
             _CLOSE_TIMEOUT: self._on_close_timeout,
         }
         slots = self._slots
+        member_events = _MEMBER_EVENTS
+        steps = report.steps
         try:
             while queue:
                 t, _, kind, slot, x, y = pop(queue)
                 if t > end:
                     break
                 self.now = t
-                report.steps += 1
-                if kind in _MEMBER_EVENTS:
+                steps += 1
+                if kind in member_events:
                     m = slots.get(slot)
                     # x carries the incarnation for member events.
                     if m is None or not m.alive or m.inc != x[0]:
@@ -203,10 +218,12 @@ class Simulation(MemberHost, Faults, Invariants):
             self.now = end
         except _StopRun:
             return
+        finally:
+            report.steps = steps
 
     def _push(self, t: int, kind: int, slot: int, x: Any, y: Any) -> None:
-        self._seq += 1
-        heapq.heappush(self._queue, (t, self._seq, kind, slot, x, y))
+        self._seq = seq = self._seq + 1
+        _heappush(self._queue, (t, seq, kind, slot, x, y))
 
     def _violate(self, kind: str, message: str, m: _Member | None = None) -> None:
         v = Violation(self.now, kind, message, m.slot if m else -1, m.member_id if m else "")

@@ -46,7 +46,6 @@ from consumer_sdk.simulation._base import (
     _RESTART,
     _TICK,
     _TIMEOUT,
-    _TO_COORDINATOR,
     _WAKE,
     IDLE_STATES,
     E,
@@ -56,6 +55,17 @@ from consumer_sdk.simulation._base import (
     _VirtualTransport,
 )
 from consumer_sdk.simulation.schedule import REGEX
+
+
+def _randint(rng: random.Random, lo: int, hi: int) -> int:
+    """``rng.randint(lo, hi)``, the very same draw (CPython's rejection sampling over
+    ``getrandbits``) without its three layers of Python calls: links draw one per message."""
+    n = hi - lo + 1
+    k = n.bit_length()
+    r = rng.getrandbits(k)
+    while r >= n:
+        r = rng.getrandbits(k)
+    return lo + r
 
 
 class MemberHost(SimBase):
@@ -150,20 +160,26 @@ class MemberHost(SimBase):
         core = m.core
         driver = m.driver
         assert driver is not None
-        self._drain(m)
+        if driver.outbox or core.background_events:
+            self._drain(m)
         if not m.alive:
             return
-        if self.config.coalesce_polls:
-            self._deliver_poll(m)
+        if (
+            self.config.coalesce_polls
+            and m.app_active
+            and (now - m.delivered_poll >= self._poll_refresh_ms or core.state not in IDLE_STATES)
+        ):
+            self._deliver_poll(m)  # (its first checks, inline: a stable member skips it)
         self.report.core_calls += 1
         wait = driver.run(now)
-        self._drain(m)
-        if not m.alive:
-            return
+        if driver.outbox or core.background_events:
+            self._drain(m)
+            if not m.alive:
+                return
         self._schedule_wake(m, now + max(1, wait))
-        if (
+        if m.tick_at < 0 and (
             m.pending_callbacks or core.app_events or core.state not in IDLE_STATES
-        ) and m.tick_at < 0:
+        ):
             self._schedule_tick(m, now)
 
     def _schedule_wake(self, m: _Member, at: int) -> None:
@@ -300,9 +316,9 @@ class MemberHost(SimBase):
         mix = self.mix
         rng = self._links[slot]
         lo, hi = mix.latency_ms
-        latency = rng.randint(lo, hi) if hi > lo else lo
+        latency = _randint(rng, lo, hi) if hi > lo else lo
         if mix.spike_probability and rng.random() < mix.spike_probability and self._faulty():
-            latency += rng.randint(*mix.spike_ms)
+            latency += _randint(rng, *mix.spike_ms)
         return latency
 
     def _lost(self, slot: int) -> bool:
@@ -320,19 +336,22 @@ class MemberHost(SimBase):
         now = self.now
         m.inflight[msg] = (request, now)
         x = (m.inc, msg)
+        api = request.api
+        slot = m.slot
         # Commits are not lost at random (as before the driver ran here): a lost one would
         # only wait out its request timeout, which the invariants cannot tell from a bug.
-        lossy = request.api is not Api.OFFSET_COMMIT
-        if not self._reachable(m) or (lossy and self._lost(m.slot)):
+        if m.partitioned_until > now or (api is not Api.OFFSET_COMMIT and self._lost(slot)):
             self.report.messages_lost += 1
-            self._push(now + request.timeout_ms, _TIMEOUT, m.slot, x, None)
+            self._push(now + request.timeout_ms, _TIMEOUT, slot, x, None)
             return
-        if request.api not in _TO_COORDINATOR:
-            self._push(now + 2 * self._latency(m.slot), _RESPONSE, m.slot, x, self._answer(request))
+        if api is Api.HEARTBEAT or api is Api.OFFSET_COMMIT or api is Api.OFFSET_FETCH:
+            arrive = now + self._latency(slot)
+            if arrive < m.last_arrival:
+                arrive = m.last_arrival
+            m.last_arrival = arrive
+            self._push(arrive, _ARRIVE, slot, x, m)
             return
-        arrive = max(now + self._latency(m.slot), m.last_arrival)
-        m.last_arrival = arrive
-        self._push(arrive, _ARRIVE, m.slot, x, m)
+        self._push(now + 2 * self._latency(slot), _RESPONSE, slot, x, self._answer(request))
 
     def _answer(self, request: Outbound) -> Any:
         """What any broker answers to FindCoordinator, Metadata and the group's session
@@ -359,7 +378,7 @@ class MemberHost(SimBase):
         request, sent = entry
         now = self.now
         timeout = sent + request.timeout_ms
-        if self._coord_down_until > now or not self._reachable(m):
+        if self._coord_down_until > now or m.partitioned_until > now:
             self.report.messages_lost += 1
             self._push(max(now, timeout), _TIMEOUT, slot, x, None)
             return
@@ -429,7 +448,7 @@ class MemberHost(SimBase):
         if entry is None:
             return
         request, sent = entry
-        if not self._reachable(m):  # the partition started while it was on its way back
+        if m.partitioned_until > self.now:  # the partition started while it was on its way back
             self.report.messages_lost += 1
             m.inflight[x[1]] = entry
             self._push(max(self.now, sent + request.timeout_ms), _TIMEOUT, m.slot, x, None)
@@ -439,8 +458,16 @@ class MemberHost(SimBase):
         self.report.core_calls += 1
         driver = m.driver
         assert driver is not None
-        driver.on_response(self.now, request, response)
+        wait = driver.on_response(self.now, request, response)
         self._check_epoch(m)
+        if wait > 0 and not m.pending_callbacks and not driver.outbox:
+            # A quiet heartbeat answer: as the runtime does (MemberNetwork._on_outcome), no
+            # run now, only one when the heartbeat is next due, unless one comes earlier.
+            now = self.now
+            at = now + wait
+            if not now <= m.wake_at <= at:  # (else the run already scheduled comes first)
+                self._schedule_wake(m, at)
+            return
         self._drive(m)
 
     def _on_timeout(self, m: _Member, x: Any, _y: Any) -> None:

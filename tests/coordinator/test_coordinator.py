@@ -432,3 +432,37 @@ def test_describe_reports_targets_and_states() -> None:
     assert m is not None and m.target == m.assigned and m.holds == m.assigned
     a.leave(1)
     assert c.describe("g").state is GroupState.EMPTY
+
+
+def test_each_heartbeat_moves_the_session_deadline() -> None:
+    """One timer per member, moved by every heartbeat: a member that heartbeated until 30 s
+    is still there at its first deadline (45 s) and expires exactly at 75 s; members whose
+    deadlines fall together expire in the order they last heartbeated."""
+    events: list[CoordinatorEvent] = []
+    c = GroupCoordinator(
+        CoordinatorConfig(assignment_interval_ms=0), {"t": 4}, listener=events.append
+    )
+    # one group each: nothing to revoke, so only their sessions can end them
+    a, b, d = (
+        Client(c, "a", group_id="ga"),
+        Client(c, "b", group_id="gb"),
+        Client(c, "d", group_id="gd"),
+    )
+    a.join(0)
+    b.join(0)
+    d.join(0)
+    for now in (10_000, 20_000, 30_000):
+        d.hb(now)
+        b.hb(now)
+        a.hb(now)
+    for now in (44_999, 45_000, 60_000, 74_999):
+        assert c.tick(now) == []
+    assert [m for _, m, _ in c.tick(75_000)] == ["d", "b", "a"]
+    assert [e.member_id for e in events if e.kind is EventKind.SESSION_EXPIRED] == ["d", "b", "a"]
+    # A coordinator that loads again restarts every session from the load.
+    e = Client(c, "e", group_id="ge")
+    e.join(80_000)
+    c.unload(90_000)
+    c.load(100_000)
+    assert c.tick(124_999) == [] and c.tick(144_999) == []
+    assert [m for _, m, _ in c.tick(145_000)] == ["e"]

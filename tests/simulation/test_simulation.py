@@ -242,3 +242,31 @@ def test_simulator_catches_a_driver_that_sends_commits_after_the_leave() -> None
     report = Simulation(config, events=events, driver_factory=_SendsCommitsLast).run()
     assert report.violations
     assert {v.kind for v in report.violations} == {"commit-after-leave"}
+
+
+def test_link_draws_are_randint_draws() -> None:
+    """The links' fast draw is ``randint``'s own (same values, same generator state after),
+    so a seed replays the same latencies whichever of the two a version uses."""
+    from consumer_sdk.simulation.host import _randint
+
+    for lo, hi in [(1, 20), (1, 100), (50, 500), (100, 3_000), (0, 1), (7, 8)]:
+        a, b = random.Random(f"link/{lo}/{hi}"), random.Random(f"link/{lo}/{hi}")
+        assert [_randint(a, lo, hi) for _ in range(500)] == [b.randint(lo, hi) for _ in range(500)]
+        assert a.random() == b.random()
+
+
+def test_a_quiet_heartbeat_answer_does_not_run_the_driver_again() -> None:
+    """As in the runtime's loop, an answer that changes nothing leaves the member's next run
+    at its heartbeat's due time: about one driver run per heartbeat in a quiet group (two
+    when every answer ran the driver again), with the same report."""
+    runs = [0]
+
+    class _Counting(MemberDriver):
+        def run(self, now: int) -> int:
+            runs[0] += 1
+            return super().run(now)
+
+    report = Simulation(small(3, "none"), driver_factory=_Counting).run()
+    assert report.ok, report.summary()
+    assert report.heartbeats > 200
+    assert runs[0] < 1.6 * report.heartbeats
