@@ -489,3 +489,49 @@ def test_auto_commit_and_heartbeats_never_wait_for_the_application_holding_the_f
         assert slowest < 0.1, f"an auto-commit read kept the loop {slowest * 1000:.0f} ms"
     finally:
         consumer.close()
+
+
+def test_the_published_positions_follow_every_hand_out(embedded_kafka: EmbeddedKafka) -> None:
+    """What the loop reads (`Fetcher.publication`, no lock, no call into librdkafka) equals
+    the exact positions (read from librdkafka on the application side) after every
+    hand-out: small and large consume() batches, poll(), a seek, a fence and a rewind, an
+    unassignment."""
+    topic = "cp-publication"
+    fetcher = fetcher_over(embedded_kafka, topic, 1500)
+    seen: Seen = {}
+
+    def check(what: str) -> None:
+        published = fetcher.publication
+        assert published.positions() == fetcher.committable(), what
+        assert published.assigned == fetcher.assigned(), what
+
+    try:
+        fetcher.assign({(topic, 0): 3, (topic, 1): None})
+        check("assigned: the explicit start only")
+        assert fetcher.publication.positions() == {(topic, 0): (3, -1)}
+        for step in range(12):  # small batches: published with their records
+            _take(lambda: fetcher.consume(7, 0.5), seen, 7 * (step + 1), f"batch {step}")
+            check(f"after small batch {step}")
+        _take(lambda: fetcher.consume(500, 0.5), seen, 7 * 12 + 1100, "large batches")
+        check("after large batches")
+        assert fetcher.publication.positions() == {
+            (topic, p): (offsets[-1] + 1, 0) for p, offsets in seen.items()
+        }
+        for _ in range(5):
+            assert fetcher.poll(5.0) is not None
+            check("after poll()")
+        fetcher.seek((topic, 1), 100)
+        check("after a seek")
+        assert (topic, 1) not in fetcher.publication.positions()
+        _take(lambda: fetcher.consume(3, 0.5), seen, sum(map(len, seen.values())) + 3, "more")
+        check("after the seek's first records")
+        fetcher.fence([(topic, 0)])
+        fetcher.consume(50, 0.5)
+        check("fenced")
+        fetcher.unfence([(topic, 0)])
+        check("rewound")
+        fetcher.unassign([(topic, 0)])
+        check("unassigned")
+        assert set(fetcher.publication.positions()) == {(topic, 1)}
+    finally:
+        fetcher.close()
