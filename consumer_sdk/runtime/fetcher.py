@@ -90,11 +90,10 @@ _ERROR = Message.error
 POLL_BATCH = 256
 
 #: Batches of librdkafka's own (native) partitions are published as they are (a reader
-#: takes positions from their records: the loop's auto-commit, up to about a millisecond)
-#: until this many records are pending; then one read of librdkafka's positions replaces
-#: them (tens of microseconds: per batch of ``consume(500)`` it cost about 15 % of
-#: ``consume()``'s own time per record).
-_PENDING_RECORDS = 1024
+#: takes positions from their records: the loop's auto-commit) until this many records are
+#: pending; then one read of librdkafka's positions replaces them (about 15 us: once per
+#: ``consume(500)`` batch, a few percent of the application thread's time per record).
+_PENDING_RECORDS = 256
 
 #: How soon the gate is asked again while it sets no bound (see `Fetcher.set_gate`).
 _GATE_RECHECK_S = 0.1
@@ -226,6 +225,8 @@ class Fetcher:
         self._pending: list[tuple[Message, ...]] = []
         self._pending_records = 0
         self._published = Published({}, self._pending, self._last, frozenset())
+        self._native_seen: frozenset[Partition] = frozenset()
+        self._native_tps: list[TopicPartition] = []
         self._paused: set[Partition] = set()
         # Records librdkafka handed over for poll() and not delivered yet, in order; and
         # those of paused partitions, set aside until they resume. Only the application
@@ -607,6 +608,31 @@ class Fetcher:
         known = {p: (o, epochs.get(p, -1)) for p, o in self._positions.items()}
         self._published = Published(known, self._pending, self._last, frozenset(self._assigned))
 
+    def _publish_native(self) -> None:
+        """(application thread, _flight held, after a batch) `_publish` when only native
+        partitions' positions moved: they are read from librdkafka."""
+        native = self._native
+        tps = self._native_tps
+        if native != self._native_seen:  # the partitions to read, built again when changed
+            self._native_seen = frozenset(native)
+            tps = self._native_tps = [TopicPartition(t, p) for t, p in native]
+        found: dict[Partition, tuple[int, int]] = {}
+        positions, epochs = self._positions, self._epochs
+        for tp in self._consumer.position(tps):
+            offset = tp.offset
+            if offset >= 0:
+                key = (tp.topic, tp.partition)
+                epoch = tp.leader_epoch
+                found[key] = (offset, -1 if epoch is None else epoch)
+                positions[key] = offset
+                epochs[key] = found[key][1]
+        self._pending = []
+        self._pending_records = 0
+        published = self._published
+        self._published = Published(
+            {**published.known, **found}, self._pending, self._last, published.assigned
+        )
+
     def _settle(self) -> None:
         """Before a ``consume()`` call that may not be fast (application thread, _flight
         held, no batch being returned): native partitions that are fenced keep their
@@ -740,10 +766,11 @@ class Fetcher:
             if not (self._fast and len(self._fetchable) == len(self._assigned)):
                 msgs = self._sort(msgs)
             if self._native:  # publish the batch before it is handed out (`Published`)
-                self._pending.append(tuple(msgs))  # a copy: the caller may change its list
                 self._pending_records += len(msgs)
                 if self._pending_records >= _PENDING_RECORDS:
-                    self._publish()
+                    self._publish_native()  # librdkafka's positions count this batch
+                else:
+                    self._pending.append(tuple(msgs))  # a copy: the caller may change its list
             return msgs
 
     def _sort(self, msgs: list[Message]) -> list[Message]:
