@@ -90,10 +90,11 @@ _ERROR = Message.error
 POLL_BATCH = 256
 
 #: Batches of librdkafka's own (native) partitions are published as they are (a reader
-#: takes positions from their records: the loop's auto-commit) until this many records are
-#: pending; then one read of librdkafka's positions replaces them (about 15 us: once per
-#: ``consume(500)`` batch, a few percent of the application thread's time per record).
-_PENDING_RECORDS = 256
+#: takes positions from their records: the loop's auto-commit, about 1 us per record) until
+#: this many records are pending; then one read of librdkafka's positions replaces them
+#: (about 15 us: once per ``consume(500)`` batch, a few percent of the application thread's
+#: time per record).
+_PENDING_RECORDS = 128
 
 #: How soon the gate is asked again while it sets no bound (see `Fetcher.set_gate`).
 _GATE_RECHECK_S = 0.1
