@@ -43,7 +43,9 @@ Threads:
   and SASL re-authentication run on short-lived helper threads that hand the socket back.
 - The data plane belongs to the application thread, which calls the `Fetcher`'s
   ``confluent_kafka.Consumer`` (librdkafka fetches on its own threads). The loop thread
-  touches it only to fence partitions, to end the application's wait inside librdkafka, and
-  to read positions for an auto-commit (a bounded read of the fetcher, never a wait for the
-  application).
+  touches it only to fence partitions (no lock), to end the application's wait inside
+  librdkafka, and to read what an auto-commit commits as the application side published it
+  (`Fetcher.publication`, the stored and revoking offsets, the manual assignment: values
+  replaced whole, read without a lock). It never takes a data-plane lock (asserted under
+  pytest).
 """

@@ -8,7 +8,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from confluent_kafka import (
@@ -89,7 +89,8 @@ class Consumer(GroupMember):
     def __init__(self, config: Mapping[str, Any]) -> None:
         # Set before the network side starts (the loop thread reads _manual).
         # Manual assignment (assign/incremental_assign): partition -> offset as given.
-        self._manual: dict[Partition, int] = {}
+        # Replaced whole, never changed in place: the loop thread reads it.
+        self._manual: Mapping[Partition, int] = {}
         self._subscribed = False
         # Set while on_assign runs: start offsets of the partitions being assigned, which
         # seek() and incremental_assign() inside the callback override.
@@ -119,8 +120,9 @@ class Consumer(GroupMember):
         self._fetcher.set_gate(self._handout_until)
         self._store_lock = threading.Lock()
         # Offsets stored with store_offsets() (enable.auto.offset.store=false): what
-        # auto-commit and commit() without arguments commit.
-        self._stored: dict[Partition, OffsetAndMetadata] = {}
+        # auto-commit and commit() without arguments commit. Replaced whole under
+        # _store_lock, never changed in place: the loop thread reads it without the lock.
+        self._stored: Mapping[Partition, OffsetAndMetadata] = {}
 
     # -- records ----------------------------------------------------------------------------
 
@@ -264,10 +266,11 @@ class Consumer(GroupMember):
                         + ", ".join(f"{t}[{p}]" for t, p in missing),
                     )
                 )
-            self._stored.update(todo)
-            for p, o in todo.items():
-                if p in self._revoking:  # stored from inside on_revoke: commit it on revoke
-                    self._revoking[p] = o
+            self._stored = {**self._stored, **todo}
+            # Stored from inside on_revoke: commit it on revoke.
+            revoking = {p: o for p, o in todo.items() if p in self._revoking}
+            if revoking:
+                self._revoking = {**self._revoking, **revoking}
 
     def _on_statistics(self, stats_json: str) -> None:
         """(application thread, inside the fetcher's poll) librdkafka's statistics JSON: its
@@ -437,9 +440,7 @@ class Consumer(GroupMember):
             if offset is None:
                 found = committed.get(p)
                 starts[p] = None if found is None else found.offset
-        with self._store_lock:
-            for p in starts:
-                self._stored.pop(p, None)
+        self._drop_stored(starts)
         self._fetcher.assign(starts)
         # A pass that fenced partitions for revocation may end up keeping some of them; but
         # partitions lost (fenced) while on_assign ran stay fenced, new ones included.
@@ -455,10 +456,15 @@ class Consumer(GroupMember):
 
     def _after_revoke(self, parts: list[Partition]) -> None:
         self._releasing = None
-        with self._store_lock:
-            for p in parts:
-                self._stored.pop(p, None)
+        self._drop_stored(parts)
         super()._after_revoke(parts)
+
+    def _drop_stored(self, parts: Iterable[Partition]) -> None:
+        """Forget the offsets stored for ``parts`` (assigned anew or released)."""
+        drop = set(parts)
+        with self._store_lock:
+            if not drop.isdisjoint(self._stored):
+                self._stored = {p: o for p, o in self._stored.items() if p not in drop}
 
     def _close_data_plane(self, timeout: float) -> None:
         if getattr(self, "_fetcher", None) is None:  # construction failed before the fetcher
@@ -548,11 +554,9 @@ class Consumer(GroupMember):
                 starts[p] = found.offset if found is not None else None
             else:
                 starts[p] = offset
-        with self._store_lock:
-            for p in given:
-                self._stored.pop(p, None)
+        self._drop_stored(given)
         self._fetcher.assign(starts)
-        self._manual.update(given)
+        self._manual = {**self._manual, **given}
         self._net.forget_committed(set(given))
 
     def _stop_manual(self, parts: list[Partition]) -> None:
@@ -563,11 +567,10 @@ class Consumer(GroupMember):
             if consumed:
                 self._net.commit(consumed, CommitKind.ASYNC)
         self._fetcher.unassign(parts)
-        with self._store_lock:
-            for p in parts:
-                self._manual.pop(p, None)
-                self._stored.pop(p, None)
-        self._net.forget_committed(set(parts))
+        gone = set(parts)
+        self._manual = {p: o for p, o in self._manual.items() if p not in gone}
+        self._drop_stored(gone)
+        self._net.forget_committed(gone)
 
     def assign(self, partitions: Sequence[TopicPartition]) -> None:
         """Replace the assignment with ``partitions`` (manual assignment, no group
@@ -585,11 +588,10 @@ class Consumer(GroupMember):
         if gone:
             self._stop_manual(gone)
         # Partitions assigned again restart at the offsets given now.
-        again = [p for p in keys if p in self._manual]
+        again = {p for p in keys if p in self._manual}
         if again:
             self._fetcher.unassign(again)
-            for p in again:
-                self._manual.pop(p)
+            self._manual = {p: o for p, o in self._manual.items() if p not in again}
         self._start_manual(partitions)
 
     def unassign(self) -> None:
@@ -760,16 +762,28 @@ class Consumer(GroupMember):
     def _on_loop_committable(
         self,
     ) -> tuple[Mapping[Partition, OffsetLike], frozenset[Partition] | None]:
-        """(loop thread; must not block) The consumed offsets, and with a manual assignment
-        its partitions (committed under generation -1, as confluent-kafka does)."""
+        """(loop thread; never waits, takes no lock) What an auto-commit commits, as the
+        application side published it: the fetcher's positions of what it handed out (or the
+        offsets stored with store_offsets()) and those of partitions being revoked; with a
+        manual assignment, its partitions (committed under generation -1, as
+        confluent-kafka does).
+
+        Each value read is replaced whole by the application thread, never changed in
+        place. The fetcher's publication is read first: a revocation publishes the
+        partitions' offsets in ``_revoking`` before the fetcher drops them."""
         fetcher: Fetcher | None = getattr(self, "_fetcher", None)
         if fetcher is None:
-            return super()._on_loop_committable()
-        # Never wait long for the application thread (it may hold the fetcher for a
-        # whole librdkafka call): a bounded read, and the loop serves every member.
-        with fetcher.bounded_reads():
-            manual = frozenset(self._manual.copy())  # atomic copy; the app thread changes it
-            return self._consumed_offsets(), manual or None
+            return {}, None
+        published = fetcher.publication
+        revoking, manual = self._revoking, self._manual
+        offsets: dict[Partition, OffsetLike]
+        if self._config.enable_auto_offset_store:
+            offsets = {p: OffsetAndMetadata(o, e) for p, (o, e) in published.positions().items()}
+        else:
+            assigned = published.assigned
+            offsets = {p: o for p, o in self._stored.items() if p in assigned}
+        offsets.update(revoking)
+        return offsets, frozenset(manual) or None
 
     def close(self, timeout: float = 10.0, option: CloseOption = CloseOption.DEFAULT) -> None:
         """Commit (auto-commit), release the assignment, leave the group and stop.
@@ -784,5 +798,5 @@ class Consumer(GroupMember):
                     self._commit_with_retries(
                         offsets, time.monotonic() + max(timeout, 0.0) * 0.4, retry_stale=False
                     )
-            self._manual.clear()
+            self._manual = {}
         super().close(timeout, option)

@@ -11,11 +11,10 @@ the leader epoch of that last record. It is kept in one of two ways:
 
 * *native* partitions (``_native``): librdkafka's application position, which librdkafka
   moves past every record it returns (with the record's leader epoch) and resets to
-  OFFSET_INVALID on assign, unassign and seek; an explicit position in ``_positions``
-  stands while it is invalid. It is read only when someone asks (commit, ``position()``),
-  so ``consume()`` does no per-record work. It is exact while librdkafka returned no record
-  of the partition that was not handed on: none dropped (fenced, unassigned, sought) and
-  none set aside in ``poll()``'s buffer.
+  OFFSET_INVALID on assign, unassign and seek; ``_positions`` holds the explicit position,
+  which stands while librdkafka's is invalid, or the last one known (see below). It is
+  exact while librdkafka returned no record of the partition that was not handed on: none
+  dropped (fenced, unassigned, sought) and none set aside in ``poll()``'s buffer.
 * the others: ``_last`` (the last record handed out), else ``_positions``/``_epochs``.
 
 Why this is exact: a native partition is moved to the second kind, at librdkafka's
@@ -33,21 +32,33 @@ is buffered.
 librdkafka moves its position while it returns a batch, before the fetcher has decided
 which records of it to hand out: ``_flight`` is held by the application thread across every
 librdkafka call that returns records and the handling of its batch, and by every reader of
-librdkafka's positions (the loop thread's auto-commit ends the application thread's wait
-in librdkafka, waits at most ``_READ_WAIT_S``, then commits the partitions it can read).
-Positions kept here need no ``_flight``.
+librdkafka's positions on the application side (`Fetcher.committable`). Positions kept here
+need no ``_flight``.
+
+What crosses to the network loop thread: the loop's auto-commit never reads librdkafka and
+never takes ``_flight`` or ``_lock`` (the application thread may hold them across a whole
+wait in librdkafka, and the loop serves every member of the process). It reads
+`Fetcher.publication`, which the application thread replaces whole after assign, unassign,
+seek, rewind and the moves between the two kinds (with one read of librdkafka's positions
+for the native partitions) and extends as it hands records out: each ``consume()`` batch
+that holds native partitions' records is appended to its ``pending`` before it is handed
+out (every ``_PENDING_RECORDS`` records a new publication replaces them with one read of
+librdkafka's positions), and the records of the other partitions go into ``_last``, which
+is its ``handed``. The loop thread's only other calls are `Fetcher.fence` (no lock) and
+`Fetcher.wake`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
-from typing import Any
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Protocol
 
 from confluent_kafka import (
     OFFSET_BEGINNING,
@@ -62,6 +73,7 @@ from confluent_kafka import (
 )
 
 from consumer_sdk.runtime._librdkafka import LibrdkafkaError, QueueWaker, consumer_queue_waker
+from consumer_sdk.runtime.netloop import check_threads, on_loop_thread
 
 log = logging.getLogger("consumer_sdk.runtime")
 
@@ -77,9 +89,12 @@ _ERROR = Message.error
 #: (a queue wait, a GIL release) once per batch instead of once per record.
 POLL_BATCH = 256
 
-#: The longest a bounded reader (the network loop's auto-commit) waits for a batch being
-#: returned by librdkafka on the application thread (such a call lasts one fetch slice).
-_READ_WAIT_S = 0.1
+#: Batches of librdkafka's own (native) partitions are published as they are (a reader
+#: takes positions from their records: the loop's auto-commit, about 1 us per record) until
+#: this many records are pending; then one read of librdkafka's positions replaces them
+#: (about 15 us: once per ``consume(500)`` batch, a few percent of the application thread's
+#: time per record).
+_PENDING_RECORDS = 128
 
 #: How soon the gate is asked again while it sets no bound (see `Fetcher.set_gate`).
 _GATE_RECHECK_S = 0.1
@@ -91,6 +106,88 @@ _Entry = tuple[Partition | None, Message]
 def _epoch(msg: Message) -> int:
     epoch = msg.leader_epoch()
     return -1 if epoch is None else epoch
+
+
+@dataclass(frozen=True, slots=True)
+class Published:
+    """What the application side has handed out, for readers on other threads (the network
+    loop's auto-commit): read without a lock, a wait or a call into librdkafka.
+
+    The application thread replaces the fetcher's publication whole (one reference
+    assignment) whenever positions move other than by handing out records, or partitions
+    come or go. ``known`` is never changed once published; ``pending`` (batches of
+    librdkafka's own partitions handed out since) and ``handed`` (the last record handed out
+    per other partition) only gain entries while the publication is current, so a copy of
+    each is the handed-out state at one instant."""
+
+    known: Mapping[Partition, tuple[int, int]]
+    pending: Sequence[tuple[Message, ...]]
+    handed: Mapping[Partition, Message]
+    #: The partitions assigned to the fetcher.
+    assigned: frozenset[Partition]
+
+    def positions(self) -> dict[Partition, tuple[int, int]]:
+        """Position and leader epoch per partition that has one: the offset after the last
+        record handed out, else a position set explicitly (assignment, rewind)."""
+        out = dict(self.known)
+        for batch in list(self.pending):  # one step: list() copies in C
+            for msg in batch:
+                offset = msg.offset()
+                if offset is not None and msg.error() is None:
+                    out[(msg.topic(), msg.partition())] = (offset + 1, _epoch(msg))  # type: ignore[index]
+        for key, msg in list(self.handed.items()):
+            offset = msg.offset()
+            if offset is not None:
+                out[key] = (offset + 1, _epoch(msg))
+        return out
+
+
+class _Lock(Protocol):
+    def acquire(self, blocking: bool = ..., timeout: float = ...) -> bool: ...
+    def release(self) -> None: ...
+    def __enter__(self) -> bool: ...
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+        /,
+    ) -> None: ...
+
+
+class _NotOnLoop:
+    """A data-plane lock that refuses the network loop thread (with
+    ``CONSUMER_SDK_CHECK_THREADS=1``): the application thread may hold it across a wait in
+    librdkafka, and the loop serves every member of the process."""
+
+    __slots__ = ("_lock",)
+
+    def __init__(self, lock: _Lock) -> None:
+        self._lock = lock
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        if on_loop_thread():
+            raise AssertionError("the network loop thread takes no data-plane lock")
+        return self._lock.acquire(blocking, timeout)
+
+    def release(self) -> None:
+        self._lock.release()
+
+    def __enter__(self) -> bool:
+        return self.acquire()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+        /,
+    ) -> None:
+        self._lock.release()
+
+
+def _data_plane_lock(lock: _Lock) -> _Lock:
+    return _NotOnLoop(lock) if check_threads else lock
 
 
 class Fetcher:
@@ -105,20 +202,32 @@ class Fetcher:
             )
         except LibrdkafkaError as exc:
             log.debug("fetcher: no wake-up for waits in librdkafka (%s)", exc)
-        self._lock = threading.Lock()
+        # Neither is ever taken on the network loop thread (see `fence` and `publication`).
+        self._lock = _data_plane_lock(threading.Lock())
         # See the module docstring: held across librdkafka calls that return records (and
         # the handling of their batch) and by readers of librdkafka's positions.
-        self._flight = threading.RLock()
-        self._bounded = threading.local()
+        self._flight = _data_plane_lock(threading.RLock())
         self._fetchable: set[Partition] = set()
         self._assigned: set[Partition] = set()
         self._native: set[Partition] = set()
         # Every assigned partition fetchable and native: consume() hands batches on as they
-        # are. Written under _lock only (fence() runs on the loop thread too).
+        # are. Written under _lock, and set False by fence() (either thread, no lock), so
+        # consume() checks the fetchable partitions again before it relies on it.
         self._fast = False
+        # Explicit positions (assignment, rewind) and the last known ones of native
+        # partitions (read after a batch); _last wins over them.
         self._positions: dict[Partition, int] = {}
         self._epochs: dict[Partition, int] = {}  # leader epoch of a _positions entry
+        # The last record handed out per partition. Only gains entries (it is the current
+        # publication's `handed`): anything that drops one makes a new dict and publishes.
         self._last: dict[Partition, Message] = {}
+        # Batches of native partitions handed out since the last publication (its
+        # `pending`), and how many records they hold.
+        self._pending: list[tuple[Message, ...]] = []
+        self._pending_records = 0
+        self._published = Published({}, self._pending, self._last, frozenset())
+        self._native_seen: frozenset[Partition] = frozenset()
+        self._native_tps: list[TopicPartition] = []
         self._paused: set[Partition] = set()
         # Records librdkafka handed over for poll() and not delivered yet, in order; and
         # those of paused partitions, set aside until they resume. Only the application
@@ -178,6 +287,9 @@ class Fetcher:
             closing = set(self._fetchable)
             if closing:
                 self._gate_fenced |= closing
+                # Partitions fence() took out since the copy (it takes no lock) stay out of
+                # the gate's: a reopening must not make them fetchable again.
+                self._gate_fenced -= closing - self._fetchable
                 self._fetchable.clear()
                 self._fast = False
         if closing:
@@ -218,19 +330,20 @@ class Fetcher:
                 return
             self._consumer.incremental_assign(new)
             self._purge({(tp.topic, tp.partition) for tp in new})
+            self._forget_handed({(tp.topic, tp.partition) for tp in new})
             for tp in new:
                 key = (tp.topic, tp.partition)
                 self._assigned.add(key)
                 self._fetchable.add(key)
                 # librdkafka's position is invalid until it returns a record of it.
                 self._native.add(key)
-                self._last.pop(key, None)
                 self._epochs.pop(key, None)
                 if tp.offset >= 0:
                     self._positions[key] = tp.offset
                 else:
                     self._positions.pop(key, None)
             self._refresh_fast()
+            self._publish()
         log.debug("fetcher assigned %s", sorted((tp.topic, tp.partition) for tp in new))
 
     def unassign(self, partitions: Iterable[Partition]) -> None:
@@ -238,6 +351,7 @@ class Fetcher:
         with self._flight, self._lock:
             gone = [p for p in partitions if p in self._assigned]
             self._purge(set(gone))
+            self._forget_handed(set(gone))
             for p in gone:
                 self._assigned.discard(p)
                 self._gate_fenced.discard(p)
@@ -245,9 +359,9 @@ class Fetcher:
                 self._native.discard(p)
                 self._positions.pop(p, None)
                 self._epochs.pop(p, None)
-                self._last.pop(p, None)
                 self._paused.discard(p)
             self._refresh_fast()
+            self._publish()
             if gone and not self._closed:
                 self._consumer.incremental_unassign([TopicPartition(t, p) for t, p in gone])
         if gone:
@@ -255,14 +369,16 @@ class Fetcher:
 
     def fence(self, partitions: Iterable[Partition]) -> None:
         """Mark partitions pending revocation: their records are dropped from now on.
-        Either thread (the network loop fences lost partitions); never waits for a batch."""
-        with self._lock:
-            partitions = set(partitions)
-            self._gate_fenced.difference_update(partitions)
-            before = len(self._fetchable)
-            self._fetchable.difference_update(partitions)
-            if len(self._fetchable) != before:
-                self._fast = False
+        Either thread (the network loop fences lost partitions): takes no lock, each step
+        is one operation on a set (atomic), and a hand-out decides with the sets as they are
+        then (`consume` checks them again before it trusts ``_fast``)."""
+        partitions = set(partitions)
+        before = len(self._fetchable)
+        self._fetchable.difference_update(partitions)
+        if len(self._fetchable) != before:
+            self._fast = False
+        # After _fetchable: see `_check_gate`, which may be closing the gate meanwhile.
+        self._gate_fenced.difference_update(partitions)
 
     def unfence(self, partitions: Iterable[Partition]) -> None:
         """Make fenced partitions that stay assigned fetchable again, from their position.
@@ -297,12 +413,14 @@ class Fetcher:
                 # stands, with the epoch of the last record delivered before it.
                 for tp, epoch in rewind:
                     key = (tp.topic, tp.partition)
-                    self._last.pop(key, None)
                     self._positions[key] = tp.offset
                     self._epochs[key] = epoch
                     if key in self._fetchable:
                         self._native.add(key)
+                self._forget_handed({(tp.topic, tp.partition) for tp, _ in rewind})
                 self._refresh_fast()
+                if rewind:
+                    self._publish()
         if rewind:
             log.debug("fetcher unfenced %s", sorted((tp.topic, tp.partition) for tp, _ in rewind))
 
@@ -357,7 +475,7 @@ class Fetcher:
                         f"cannot seek {topic} [{number}]: it is not assigned to this consumer",
                     )
                 )
-            self._last.pop(partition, None)
+            self._forget_handed({partition})
             self._positions.pop(partition, None)
             self._epochs.pop(partition, None)
             self._purge({partition})
@@ -365,6 +483,7 @@ class Fetcher:
             # is buffered: librdkafka's position is its own again (unless it is fenced: its
             # records are dropped until it is unfenced).
             self._native.discard(partition)
+            self._publish()
             try:
                 self._consumer.seek(tp)
             except KafkaException as exc:
@@ -385,59 +504,35 @@ class Fetcher:
                 self._native.add(partition)
             self._refresh_fast()
 
-    @contextlib.contextmanager
-    def bounded_reads(self) -> Iterator[None]:
-        """(network loop thread) Position reads in this block wait at most
-        ``_READ_WAIT_S`` for a batch being returned on the application thread; past that
-        they leave out the partitions whose position is librdkafka's."""
-        self._bounded.wait = _READ_WAIT_S
-        try:
-            yield
-        finally:
-            self._bounded.wait = -1
+    @property
+    def publication(self) -> Published:
+        """What has been handed out (any thread; never waits): the network loop's
+        auto-commit reads it. It can trail `committable` only by positions librdkafka moved
+        without handing out a record (past a transaction marker) since the last batch."""
+        return self._published
 
     def committable(self) -> dict[Partition, tuple[int, int]]:
         """Position and leader epoch (-1 if unknown) per partition that has a position:
-        what a commit of the consumed offsets commits.
-
-        Waits for a batch being returned (``_flight``) only to read native positions: the
-        application thread holds ``_flight`` across its whole wait in librdkafka, and the
-        network loop's auto-commit must not stall behind it (it delayed heartbeats)."""
+        what a commit of the consumed offsets commits (application side: reading
+        librdkafka's own positions waits for a batch being returned on another thread)."""
         with self._lock:
             if not self._native:
                 return self._tracked()
-        wait: float = getattr(self._bounded, "wait", -1)
-        locked = self._flight.acquire(blocking=False)
-        if not locked:
-            if wait >= 0:  # a bounded reader: end the application thread's wait, if any
-                self.wake()
-            locked = self._flight.acquire(timeout=wait)
-        try:
+        with self._flight:
             with self._lock:
                 out = self._tracked()
                 native = list(self._native)
                 closed = self._closed
-            if not native:
-                return out
-            if not locked:
-                log.debug(
-                    "positions of %d partition(s) left out: a batch is being returned", len(native)
-                )
-                for key in native:
-                    out.pop(key, None)
-                return out
-            if not closed:
+            if native and not closed:
                 out.update(self._read_native(native))
             return out
-        finally:
-            if locked:
-                self._flight.release()
 
     def _tracked(self) -> dict[Partition, tuple[int, int]]:
-        """The positions kept here (_lock held): every partition's but the native ones'.
-        Consistent without ``_flight``: a partition leaves the native set and gets its
-        position here in one ``_lock`` hold. The application thread adds to ``_last`` and
-        ``_positions`` without the lock: each is copied in one step (list() runs in C)."""
+        """The positions kept here (_lock held): exact for every partition but the native
+        ones (their last known position). Consistent without ``_flight``: a partition leaves
+        the native set and gets its position here in one ``_lock`` hold. The application
+        thread adds to ``_last`` and ``_positions`` without the lock: each is copied in one
+        step (list() runs in C)."""
         epochs = self._epochs
         out = {p: (o, epochs.get(p, -1)) for p, o in list(self._positions.items())}
         for key, msg in list(self._last.items()):
@@ -489,6 +584,55 @@ class Fetcher:
                     if key in found:
                         self._positions[key], self._epochs[key] = found[key]
             self._fast = False
+            self._publish()
+
+    def _forget_handed(self, keys: Collection[Partition]) -> None:
+        """Drop ``keys`` from the records handed out (application thread; publish after):
+        a new dict, as a published one never loses an entry."""
+        if any(key in self._last for key in keys):
+            self._last = {k: m for k, m in self._last.items() if k not in keys}
+
+    def _publish(self) -> None:
+        """(application thread, _flight held) Publish the positions as they are now (see
+        `Published`); pending batches are replaced by one read of librdkafka's positions
+        (exact: no batch is being returned, and a partition is native only while
+        librdkafka's position is right or invalid)."""
+        if self._pending_records:
+            if self._native and not self._closed:
+                positions, epochs = self._positions, self._epochs
+                for key, (offset, epoch) in self._read_native(self._native).items():
+                    positions[key] = offset
+                    epochs[key] = epoch
+            self._pending = []
+            self._pending_records = 0
+        epochs = self._epochs
+        known = {p: (o, epochs.get(p, -1)) for p, o in self._positions.items()}
+        self._published = Published(known, self._pending, self._last, frozenset(self._assigned))
+
+    def _publish_native(self) -> None:
+        """(application thread, _flight held, after a batch) `_publish` when only native
+        partitions' positions moved: they are read from librdkafka."""
+        native = self._native
+        tps = self._native_tps
+        if native != self._native_seen:  # the partitions to read, built again when changed
+            self._native_seen = frozenset(native)
+            tps = self._native_tps = [TopicPartition(t, p) for t, p in native]
+        found: dict[Partition, tuple[int, int]] = {}
+        positions, epochs = self._positions, self._epochs
+        for tp in self._consumer.position(tps):
+            offset = tp.offset
+            if offset >= 0:
+                key = (tp.topic, tp.partition)
+                epoch = tp.leader_epoch
+                found[key] = (offset, -1 if epoch is None else epoch)
+                positions[key] = offset
+                epochs[key] = found[key][1]
+        self._pending = []
+        self._pending_records = 0
+        published = self._published
+        self._published = Published(
+            {**published.known, **found}, self._pending, self._last, published.assigned
+        )
 
     def _settle(self) -> None:
         """Before a ``consume()`` call that may not be fast (application thread, _flight
@@ -502,6 +646,7 @@ class Fetcher:
                 candidates -= {entry[0] for entry in self._buffer}
         if fenced:
             self._materialize(fenced)
+        settled: set[Partition] = set()
         if candidates and not self._closed:
             found = self._read_native(candidates)
             with self._lock:
@@ -516,9 +661,8 @@ class Fetcher:
                         self._native.add(key)  # nothing returned since its explicit position
                     elif theirs is not None and theirs[0] == ours:
                         self._native.add(key)
-                        self._last.pop(key, None)
-                        self._positions.pop(key, None)
-                        self._epochs.pop(key, None)
+                        self._positions[key], self._epochs[key] = theirs
+                        settled.add(key)
                     else:
                         log.debug(
                             "fetcher keeps the position of %s [%d] (%s; librdkafka's %s)",
@@ -528,6 +672,9 @@ class Fetcher:
                             theirs,
                         )
         with self._lock:
+            if settled:
+                self._forget_handed(settled)
+                self._publish()
             self._refresh_fast()
 
     def _purge(self, partitions: set[Partition]) -> None:
@@ -609,13 +756,23 @@ class Fetcher:
             if not self._fast:
                 self._settle()
             msgs = self._consumer.consume(num_messages, timeout)
-            if msgs and _monotonic() > self._open_until:  # a stall during the wait
+            if not msgs:
+                return msgs
+            if _monotonic() > self._open_until:  # a stall during the wait
                 self._check_gate(reopen=False)
             # Common case: every assigned partition fetchable and native, so librdkafka's
-            # positions are right for the whole batch (error events do not move them).
-            if not msgs or self._fast:
-                return msgs
-            return self._sort(msgs)
+            # positions are right for the whole batch (error events do not move them). The
+            # sizes are compared too: the loop thread's fence() sets no lock against a
+            # _refresh_fast() that read the sets before it.
+            if not (self._fast and len(self._fetchable) == len(self._assigned)):
+                msgs = self._sort(msgs)
+            if self._native:  # publish the batch before it is handed out (`Published`)
+                self._pending_records += len(msgs)
+                if self._pending_records >= _PENDING_RECORDS:
+                    self._publish_native()  # librdkafka's positions count this batch
+                else:
+                    self._pending.append(tuple(msgs))  # a copy: the caller may change its list
+            return msgs
 
     def _sort(self, msgs: list[Message]) -> list[Message]:
         """The records of ``msgs`` to hand out (application thread, _flight held)."""
@@ -637,9 +794,10 @@ class Fetcher:
                     offset = msg.offset()
                     if offset is not None:
                         native.discard(key)
-                        self._last.pop(key, None)
                         self._positions[key] = offset
                         self._epochs[key] = _epoch(msg)
+                self._forget_handed(firsts.keys())
+                self._publish()
         last = self._last
         out = []
         for key, msg in zip(keys, msgs, strict=True):

@@ -158,7 +158,9 @@ class GroupMember:
         self._error_cb: ErrorCallback | None = c.callbacks.get("error_cb")
         self._leave_sent_at: float | None = None
         self._callbacks_ended_at = 0.0
-        self._revoking: dict[Partition, OffsetAndMetadata] = {}
+        # Offsets of the partitions being revoked, committable from inside on_revoke. Replaced
+        # whole, never changed in place: the loop thread reads it.
+        self._revoking: Mapping[Partition, OffsetAndMetadata] = {}
         # Commit failures, partitions moved, fetch counters, the last error (any thread).
         self._client_metrics = ClientMetrics()
         # The network side, on the process-wide loop (started by the first member).
@@ -627,7 +629,7 @@ class GroupMember:
         return None
 
     def _after_revoke(self, parts: list[Partition]) -> None:
-        self._revoking.clear()
+        self._revoking = {}
         if parts:
             self._net.forget_committed(set(parts))
 
@@ -1002,7 +1004,7 @@ class GroupMember:
     def _on_loop_committable(
         self,
     ) -> tuple[Mapping[Partition, OffsetLike], frozenset[Partition] | None]:
-        """(loop thread; must not block) What an auto-commit may commit: the consumed
-        offsets (the driver keeps those of the assigned partitions while in the group), and
-        no manual assignment."""
-        return self._consumed_offsets(), None
+        """(loop thread; never waits, takes no lock) What an auto-commit may commit: the
+        offsets of partitions being revoked (the driver keeps those of the assigned
+        partitions while in the group), and no manual assignment."""
+        return dict(self._revoking), None

@@ -37,11 +37,23 @@ from consumer_sdk.protocol.connection import BrokerConnection
 from consumer_sdk.protocol.multiplex import Call, Done, MuxConnection
 from consumer_sdk.protocol.security import ConnectionSettings
 
-__all__ = ["NetworkLoop", "Timer"]
+__all__ = ["NetworkLoop", "Timer", "on_loop_thread"]
 
 log = logging.getLogger("consumer_sdk.runtime")
 
 _MAX_SELECT_S = 1.0
+
+#: Whether code that must not run on the network loop thread (it takes data-plane locks the
+#: application thread holds across waits) asserts it: on in the test suite, where
+#: ``CONSUMER_SDK_CHECK_THREADS=1``; it costs a thread-local read per entry.
+check_threads = os.environ.get("CONSUMER_SDK_CHECK_THREADS", "") == "1"
+
+_here = threading.local()
+
+
+def on_loop_thread() -> bool:
+    """Whether the calling thread runs a network loop."""
+    return getattr(_here, "loop", False) is True
 
 
 class Timer:
@@ -338,6 +350,7 @@ class NetworkLoop:
 
     def _run(self) -> None:
         self._loop_thread_id = threading.get_ident()
+        _here.loop = True
         try:
             while not self._stopping:
                 self._run_once()

@@ -414,3 +414,124 @@ def test_auto_commit_commits_consume_positions_while_the_application_waits_in_co
         assert errors == []
     finally:
         consumer.close()
+
+
+def test_auto_commit_and_heartbeats_never_wait_for_the_application_holding_the_fetcher(
+    embedded_kafka: EmbeddedKafka,
+) -> None:
+    """The loop's auto-commit reads what the application side published: with the
+    application thread holding the fetcher (both its locks, as across a wait inside librdkafka
+    the loop cannot end), every auto-commit read has the consumed positions of librdkafka's
+    own partitions, commits them, and heartbeats go on. It used to wait up to 100 ms for the
+    application, then leave those partitions out (or block the loop on the fetcher's lock)."""
+    topic, group, n, per = "cp-published", "cp-published-g", 3, 40
+    embedded_kafka.create_topic(topic, partitions=n)
+    for p in range(n):
+        embedded_kafka.produce(topic, [f"{p}-{i}".encode() for i in range(per)], partition=p)
+    consumer = Consumer(config(embedded_kafka, group, auto_commit_interval_ms=200))
+    seen: Seen = {}
+    try:
+        consumer.subscribe([topic])
+        _take(lambda: consumer.consume(500, 0.2), seen, per * n, "every record")
+        fetcher = consumer._fetcher
+        assert fetcher._native, "consume() left the positions to librdkafka: the case that waited"
+        expected = {(topic, p): per for p in range(n)}
+        # The driver's hook, timed on the loop thread (the part of its run that was the
+        # application's: the read of the positions).
+        driver = consumer._net._driver
+        hook = driver.committable
+        assert hook is not None
+        reads: list[tuple[float, dict[tuple[str, int], int]]] = []
+
+        def timed() -> Any:
+            started = time.perf_counter()
+            offsets, manual = hook()
+            took = time.perf_counter() - started
+            reads.append((took, {p: o.offset for p, o in offsets.items()}))
+            return offsets, manual
+
+        driver.committable = timed
+        held, release = threading.Event(), threading.Event()
+
+        def hold() -> None:
+            with fetcher._flight, fetcher._lock:
+                held.set()
+                release.wait(60)
+
+        holder = threading.Thread(target=hold)
+        holder.start()
+        try:
+            assert held.wait(10)
+            during = len(reads)
+            beats: set[int | None] = {consumer._net.snapshot.last_heartbeat_response_ms}
+
+            def progressed() -> bool:
+                beats.add(consumer._net.snapshot.last_heartbeat_response_ms)
+                return len(reads) - during >= 3 and len(beats) >= 3
+
+            wait_for(progressed, timeout=30, what="auto-commit reads and heartbeats")
+            assert all(positions == expected for _, positions in reads[during:]), reads[during:]
+            wait_for(
+                lambda: (
+                    _raw_committed(embedded_kafka, group, topic, n)
+                    == {p: (per, 0) for p in range(n)}
+                ),
+                timeout=30,
+                what="the auto-commit of every position",
+            )
+        finally:
+            release.set()
+            holder.join(10)
+            driver.committable = hook
+        # No wait in the read (it used to give up after 100 ms); the bound is loose for a
+        # loaded machine.
+        slowest = max(took for took, _ in reads[during:])
+        assert slowest < 0.1, f"an auto-commit read kept the loop {slowest * 1000:.0f} ms"
+    finally:
+        consumer.close()
+
+
+def test_the_published_positions_follow_every_hand_out(embedded_kafka: EmbeddedKafka) -> None:
+    """What the loop reads (`Fetcher.publication`, no lock, no call into librdkafka) equals
+    the exact positions (read from librdkafka on the application side) after every
+    hand-out: small and large consume() batches, poll(), a seek, a fence and a rewind, an
+    unassignment."""
+    topic = "cp-publication"
+    fetcher = fetcher_over(embedded_kafka, topic, 1500)
+    seen: Seen = {}
+
+    def check(what: str) -> None:
+        published = fetcher.publication
+        assert published.positions() == fetcher.committable(), what
+        assert published.assigned == fetcher.assigned(), what
+
+    try:
+        fetcher.assign({(topic, 0): 3, (topic, 1): None})
+        check("assigned: the explicit start only")
+        assert fetcher.publication.positions() == {(topic, 0): (3, -1)}
+        for step in range(12):  # small batches: published with their records
+            _take(lambda: fetcher.consume(7, 0.5), seen, 7 * (step + 1), f"batch {step}")
+            check(f"after small batch {step}")
+        _take(lambda: fetcher.consume(500, 0.5), seen, 7 * 12 + 1100, "large batches")
+        check("after large batches")
+        assert fetcher.publication.positions() == {
+            (topic, p): (offsets[-1] + 1, 0) for p, offsets in seen.items()
+        }
+        for _ in range(5):
+            assert fetcher.poll(5.0) is not None
+            check("after poll()")
+        fetcher.seek((topic, 1), 100)
+        check("after a seek")
+        assert (topic, 1) not in fetcher.publication.positions()
+        _take(lambda: fetcher.consume(3, 0.5), seen, sum(map(len, seen.values())) + 3, "more")
+        check("after the seek's first records")
+        fetcher.fence([(topic, 0)])
+        fetcher.consume(50, 0.5)
+        check("fenced")
+        fetcher.unfence([(topic, 0)])
+        check("rewound")
+        fetcher.unassign([(topic, 0)])
+        check("unassigned")
+        assert set(fetcher.publication.positions()) == {(topic, 1)}
+    finally:
+        fetcher.close()
