@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any
 
 from confluent_kafka import Consumer as KafkaConsumer
@@ -92,9 +92,12 @@ class ClusterOffsets:
         self.client()  # created here, not by the pool's threads at once
         # One broker round trip per partition, issued together (librdkafka releases the GIL
         # while it waits): a lookup costs about one round trip, not one per partition.
-        answers = (
-            self._pool().map(self._watermark, todo) if len(todo) > 1 else map(self._watermark, todo)
-        )
+        if len(todo) > 1:
+            futures = [self._pool().submit(self._watermark, tp) for tp in todo]
+            wait(futures)  # all of them, even if one failed: none outlives this call
+            answers = [f.result() for f in futures]
+        else:
+            answers = [self._watermark(tp) for tp in todo]
         for (t, p), answer in zip(todo, answers, strict=True):
             if isinstance(answer, KafkaException):
                 if answer.args[0].code() not in UNKNOWN:
