@@ -498,7 +498,12 @@ def run_real(quick: bool = False) -> dict[str, Any]:
             )
             assert sum(p["numInputRows"] for p in progress) == records
             add_s = sum(p["durationMs"].get("addBatch", 0) for p in progress) / 1000
-            before, _, after = _phases(wall, t0, progress)
+            before, triggers_s, after = _phases(wall, t0, progress)
+            # What each micro-batch costs beyond the read (addBatch), summed.
+            beyond = {
+                phase: sum(p["durationMs"].get(phase, 0) for p in progress) / 1000
+                for phase in ("latestOffset", "queryPlanning", "walCommit", "commitOffsets")
+            }
             _step("fixed per-query cost: a 12-record kip848 query and a no-op source query")
             # One record per partition: start to first trigger plus what follows the
             # triggers, for a query that reads almost nothing; the no-op source (no I/O,
@@ -507,12 +512,14 @@ def run_real(quick: bool = False) -> dict[str, Any]:
                 spark, bootstrap, "bench-real-fixed", "bench-real-fixed", None, workdir
             )
             assert sum(p["numInputRows"] for p in small) == REAL_PARTITIONS
-            fixed = sum(_phases(small_wall, small_t0, small)[::2])
+            small_phases = _phases(small_wall, small_t0, small)
+            fixed = small_phases[0] + small_phases[2]
             _noop_query(spark, 12, 1, workdir / "noop-warm", REAL_PARTITIONS)
             noop_wall, noop_t0, noop = _noop_query(
                 spark, 12, 1, workdir / "noop-fixed", REAL_PARTITIONS
             )
-            noop_fixed = sum(_phases(noop_wall, noop_t0, noop)[::2])
+            noop_phases = _phases(noop_wall, noop_t0, noop)
+            noop_fixed = noop_phases[0] + noop_phases[2]
     finally:
         spark.stop()
     out["direct confluent-kafka -> Arrow (one process), s"] = round(direct_s, 2)
@@ -524,6 +531,14 @@ def run_real(quick: bool = False) -> dict[str, Any]:
     out["ratio kip848 / direct, by wall time (speed)"] = round(direct_s / wall, 2)
     out["kip848 query: before the first trigger / after the triggers, s"] = (
         f"{before:.2f} / {after:.2f}"
+    )
+    out[f"kip848 query: {len(progress)} triggers, s"] = round(triggers_s, 2)
+    out["of which latestOffset / queryPlanning / walCommit / commitOffsets, s"] = " / ".join(
+        f"{v:.2f}" for v in beyond.values()
+    )
+    out["fixed cost, before the first trigger / after: kip848, no-op source, s"] = (
+        f"{small_phases[0]:.2f} / {small_phases[2]:.2f}, "
+        f"{noop_phases[0]:.2f} / {noop_phases[2]:.2f}"
     )
     out["fixed per-query cost (start to first trigger + after), kip848 / no-op source, s"] = (
         f"{fixed:.2f} / {noop_fixed:.2f}"

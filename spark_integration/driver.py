@@ -32,6 +32,7 @@ import contextlib
 import json
 import logging
 import os
+import sys
 import threading
 import time
 from collections import OrderedDict
@@ -41,7 +42,7 @@ from typing import Any
 from confluent_kafka import KafkaException, TopicPartition
 
 from spark_integration.checkpoint import CommitLog
-from spark_integration.lookups import UNKNOWN, ClusterOffsets
+from spark_integration.lookups import UNKNOWN, ClusterOffsets, Watermarks
 from spark_integration.member import (
     AssignedPartitions,
     SourceMember,
@@ -76,15 +77,44 @@ _RECONCILED_SOON = frozenset({"RECONCILING", "ACKNOWLEDGING"})
 _COMMIT_TIMEOUT_S = 5.0
 
 
+#: The module pyspark runs (``python -m``) as the stream-reader process.
+_STREAM_READER_MAIN = "pyspark.sql.streaming.python_streaming_source_runner"
+_member_import_lock = threading.Lock()
+
+
+def _member_class() -> Callable[[dict[str, Any]], SourceMember]:
+    """``consumer_sdk.GroupMember``, imported on first use (a few hundred ms).
+
+    In pyspark's stream-reader process (a new process per query run, hosting only the
+    stream readers) it is imported with ``hypothesis`` hidden: ``kio`` registers
+    hypothesis strategies for every wire type whenever hypothesis is importable (a test
+    dependency, so in development and CI environments), which costs that process 100-200 ms
+    of CPU at each query start and serves nothing there. Hidden only during the import.
+    """
+    with _member_import_lock:
+        main = getattr(sys.modules.get("__main__"), "__spec__", None)
+        hide = (
+            getattr(main, "name", None) == _STREAM_READER_MAIN
+            and "hypothesis" not in sys.modules
+            and "kio" not in sys.modules
+        )
+        if hide:
+            sys.modules["hypothesis"] = None  # type: ignore[assignment]
+        try:
+            from consumer_sdk import GroupMember
+        finally:
+            if hide and "hypothesis" in sys.modules and sys.modules["hypothesis"] is None:
+                del sys.modules["hypothesis"]
+    return GroupMember
+
+
 def _import_sdk() -> None:
     with contextlib.suppress(Exception):  # the member's creation reports any failure
-        import consumer_sdk  # noqa: F401
+        _member_class()
 
 
 def _group_member(config: dict[str, Any]) -> SourceMember:
-    from consumer_sdk import GroupMember
-
-    return GroupMember(config)
+    return _member_class()(config)
 
 
 def _names(parts: Iterable[Partition]) -> str:
@@ -294,7 +324,11 @@ class GroupReader:
             return
         committed = committed_offsets(member, parts)
         fresh = [p for p in parts if p not in committed and p not in self._hints]
-        starting = self._fresh_starts(fresh)
+        # One lookup for both the starts and the AvailableNow bound.
+        marks = (
+            self._lookups.watermarks(parts) if fresh or self._available_now is not None else None
+        )
+        starting = self._fresh_starts(fresh, marks)
         for p in parts:
             known = [o for o in (committed.get(p), self._hints.get(p)) if o is not None]
             if known:
@@ -306,8 +340,8 @@ class GroupReader:
             self._pending[p] = start
             self._owned.add(p)
             self._gone.discard(p)
-        if self._available_now is not None:
-            self._available_now.update(self._lookups.watermarks(parts)[1])
+        if self._available_now is not None and marks is not None:
+            self._available_now.update(marks[1])
         self._event(
             "assign",
             parts,
@@ -484,8 +518,16 @@ class GroupReader:
     def prepare_for_trigger_available_now(self) -> None:
         """Bound this run to the data available now (high watermarks of owned partitions)."""
         with self._lock:
+            joining = self._member is None
+            if joining:
+                self._available_now = {}  # the assignment's lookup fills it in
             self._ensure_member(wait=True)
-            self._available_now = self._lookups.watermarks(self._owned - self._gone)[1]
+            owned = self._owned - self._gone
+            bound = dict(self._available_now) if joining and self._available_now else {}
+            todo = owned - set(bound)
+            if todo:
+                bound.update(self._lookups.watermarks(todo)[1])
+            self._available_now = bound
 
     def plan(self, start: Mapping[str, Any] | None, end: Mapping[str, Any]) -> list[OffsetRange]:
         """Offset ranges of the batch ``(start, end]`` (deterministic from the two offsets)."""
@@ -801,7 +843,9 @@ class GroupReader:
         self._gone |= gone
         self._event("deleted", sorted(gone))
 
-    def _fresh_starts(self, parts: list[Partition]) -> dict[Partition, int]:
+    def _fresh_starts(
+        self, parts: list[Partition], marks: Watermarks | None = None
+    ) -> dict[Partition, int]:
         """Where partitions without a committed or checkpointed offset start.
 
         ``startingOffsets`` / timestamps apply to the partitions that existed when the query
@@ -814,9 +858,9 @@ class GroupReader:
         scope = self._scope or set()
         initial = [p for p in parts if p in scope]
         new = [p for p in parts if p not in scope]
-        out = self._lookups.starting_offsets(initial)
+        out = self._lookups.starting_offsets(initial, marks)
         if new:
-            low = self._lookups.watermarks(new)[0]
+            low = (marks or self._lookups.watermarks(new))[0]
             for p in new:
                 out[p] = low.get(p, 0)
             starts = {f"{t}[{p}]": out[(t, p)] for t, p in new}

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any
 
 from confluent_kafka import Consumer as KafkaConsumer
@@ -18,10 +19,16 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from spark_integration.offsets import EARLIEST, LATEST, Partition
 from spark_integration.options import SourceOptions
 
-__all__ = ["UNKNOWN", "ClusterOffsets"]
+__all__ = ["UNKNOWN", "ClusterOffsets", "Watermarks"]
 
 log = logging.getLogger("spark_integration")
 _KAFKA_LOG = logging.getLogger("spark_integration.librdkafka")
+
+#: Low and high watermarks, and the partitions the broker does not know.
+Watermarks = tuple[dict[Partition, int], dict[Partition, int], list[Partition]]
+
+#: Threads issuing one lookup's per-partition requests together.
+_LOOKUP_THREADS = 8
 
 #: Errors meaning "this topic or partition does not exist (any more)".
 UNKNOWN = frozenset(
@@ -40,11 +47,15 @@ class ClusterOffsets:
     def __init__(self, options: SourceOptions) -> None:
         self.options = options
         self._client: KafkaConsumer | None = None
+        self._threads: ThreadPoolExecutor | None = None
 
     def close(self) -> None:
         """Close the client (in a thread, bounded: librdkafka may wait on a broker)."""
         import threading
 
+        threads, self._threads = self._threads, None
+        if threads is not None:
+            threads.shutdown(wait=False)
         client, self._client = self._client, None
         if client is not None:
             closer = threading.Thread(target=client.close, daemon=True)
@@ -72,40 +83,62 @@ class ClusterOffsets:
                 time.sleep(o.fetch_retry_interval_ms / 1000)
         raise AssertionError("unreachable")
 
-    def watermarks(
-        self, parts: Iterable[Partition]
-    ) -> tuple[dict[Partition, int], dict[Partition, int], list[Partition]]:
+    def watermarks(self, parts: Iterable[Partition]) -> Watermarks:
         """Low and high watermarks, and the partitions the broker does not know."""
         low: dict[Partition, int] = {}
         high: dict[Partition, int] = {}
         unknown: list[Partition] = []
-        client = self.client()
-        for t, p in sorted(parts):
-            try:
-                lo, hi = self.retrying(
-                    f"the watermarks of {t}[{p}]",
-                    lambda t=t, p=p: client.get_watermark_offsets(  # type: ignore[misc]
-                        TopicPartition(t, p), timeout=10.0, cached=False
-                    ),
-                )
-            except KafkaException as exc:
-                if exc.args[0].code() not in UNKNOWN:
+        todo = sorted(parts)
+        self.client()  # created here, not by the pool's threads at once
+        # One broker round trip per partition, issued together (librdkafka releases the GIL
+        # while it waits): a lookup costs about one round trip, not one per partition.
+        if len(todo) > 1:
+            futures = [self._pool().submit(self._watermark, tp) for tp in todo]
+            wait(futures)  # all of them, even if one failed: none outlives this call
+            answers = [f.result() for f in futures]
+        else:
+            answers = [self._watermark(tp) for tp in todo]
+        for (t, p), answer in zip(todo, answers, strict=True):
+            if isinstance(answer, KafkaException):
+                if answer.args[0].code() not in UNKNOWN:
                     raise KafkaException(
                         KafkaError(
-                            exc.args[0].code(),
-                            f"kip848: the offsets of {t}[{p}]: {exc.args[0].str()}",
+                            answer.args[0].code(),
+                            f"kip848: the offsets of {t}[{p}]: {answer.args[0].str()}",
                         )
                     ) from None
                 unknown.append((t, p))
                 continue
-            low[(t, p)], high[(t, p)] = int(lo), int(hi)
+            low[(t, p)], high[(t, p)] = answer
         return low, high, unknown
 
-    def starting_offsets(self, parts: list[Partition]) -> dict[Partition, int]:
-        """``startingTimestamp`` > ``startingOffsetsByTimestamp`` > ``startingOffsets``."""
+    def _watermark(self, tp: Partition) -> tuple[int, int] | KafkaException:
+        t, p = tp
+        client = self.client()
+        try:
+            lo, hi = self.retrying(
+                f"the watermarks of {t}[{p}]",
+                lambda: client.get_watermark_offsets(
+                    TopicPartition(t, p), timeout=10.0, cached=False
+                ),
+            )
+        except KafkaException as exc:
+            return exc
+        return int(lo), int(hi)
+
+    def _pool(self) -> ThreadPoolExecutor:
+        if self._threads is None:
+            self._threads = ThreadPoolExecutor(_LOOKUP_THREADS, thread_name_prefix="kip848-lookup")
+        return self._threads
+
+    def starting_offsets(
+        self, parts: list[Partition], marks: Watermarks | None = None
+    ) -> dict[Partition, int]:
+        """``startingTimestamp`` > ``startingOffsetsByTimestamp`` > ``startingOffsets``
+        (``marks``: the partitions' watermarks, if just looked up)."""
         if not parts:
             return {}
-        low, high, _ = self.watermarks(parts)
+        low, high, _ = marks or self.watermarks(parts)
         o = self.options
         stamps: dict[Partition, int] = {}
         for p in parts:

@@ -148,7 +148,10 @@ _MEMBER_ONLY = frozenset(
 )
 _TRUE = {"true": True, "false": False}
 _FETCH_DEFAULTS = {
-    "fetch.wait.max.ms": "10",
+    # A fetch with records is answered at once whatever this is; it only paces the fetches
+    # of a consumer at the end of the log. At 10 ms, the pooled consumers (idle between
+    # batches and for minutes after a query) kept a quarter of a core busy.
+    "fetch.wait.max.ms": "500",
     "fetch.queue.backoff.ms": "10",
     "fetch.error.backoff.ms": "10",
     "queued.max.messages.kbytes": "16384",  # per cached consumer's prefetch

@@ -10,50 +10,11 @@ from __future__ import annotations
 import datetime
 import uuid
 from collections import defaultdict
+from collections.abc import Iterator, Mapping
+from importlib import import_module
+from types import ModuleType
 from typing import Any
 
-from kio.schema.consumer_group_describe.v0 import request as cgd_req_v0
-from kio.schema.consumer_group_describe.v0 import response as cgd_resp_v0
-from kio.schema.consumer_group_describe.v1 import request as cgd_req_v1
-from kio.schema.consumer_group_describe.v1 import response as cgd_resp_v1
-from kio.schema.consumer_group_heartbeat.v0 import request as hb_req_v0
-from kio.schema.consumer_group_heartbeat.v0 import response as hb_resp_v0
-from kio.schema.consumer_group_heartbeat.v1 import request as hb_req_v1
-from kio.schema.consumer_group_heartbeat.v1 import response as hb_resp_v1
-from kio.schema.describe_configs.v4 import request as dc_req_v4
-from kio.schema.describe_configs.v4 import response as dc_resp_v4
-from kio.schema.find_coordinator.v3 import request as fc_req_v3
-from kio.schema.find_coordinator.v3 import response as fc_resp_v3
-from kio.schema.find_coordinator.v4 import request as fc_req_v4
-from kio.schema.find_coordinator.v4 import response as fc_resp_v4
-from kio.schema.find_coordinator.v5 import request as fc_req_v5
-from kio.schema.find_coordinator.v5 import response as fc_resp_v5
-from kio.schema.find_coordinator.v6 import request as fc_req_v6
-from kio.schema.find_coordinator.v6 import response as fc_resp_v6
-from kio.schema.list_groups.v5 import request as lg_req_v5
-from kio.schema.list_groups.v5 import response as lg_resp_v5
-from kio.schema.list_offsets.v7 import request as lo_req_v7
-from kio.schema.list_offsets.v7 import response as lo_resp_v7
-from kio.schema.list_offsets.v8 import request as lo_req_v8
-from kio.schema.list_offsets.v8 import response as lo_resp_v8
-from kio.schema.list_offsets.v9 import request as lo_req_v9
-from kio.schema.list_offsets.v9 import response as lo_resp_v9
-from kio.schema.metadata.v10 import request as md_req_v10
-from kio.schema.metadata.v10 import response as md_resp_v10
-from kio.schema.metadata.v11 import request as md_req_v11
-from kio.schema.metadata.v11 import response as md_resp_v11
-from kio.schema.metadata.v12 import request as md_req_v12
-from kio.schema.metadata.v12 import response as md_resp_v12
-from kio.schema.offset_commit.v9 import request as oc_req_v9
-from kio.schema.offset_commit.v9 import response as oc_resp_v9
-from kio.schema.offset_fetch.v6 import request as of_req_v6
-from kio.schema.offset_fetch.v6 import response as of_resp_v6
-from kio.schema.offset_fetch.v7 import request as of_req_v7
-from kio.schema.offset_fetch.v7 import response as of_resp_v7
-from kio.schema.offset_fetch.v8 import request as of_req_v8
-from kio.schema.offset_fetch.v8 import response as of_resp_v8
-from kio.schema.offset_fetch.v9 import request as of_req_v9
-from kio.schema.offset_fetch.v9 import response as of_resp_v9
 from kio.schema.types import GroupId, TopicName
 from kio.static.primitive import i8, i32, i32Timedelta, i64
 from kio.static.protocol import RequestPayload, ResponsePayload
@@ -122,31 +83,50 @@ def api_name(api_key: int) -> str:
 
 Call = tuple[RequestPayload, type[ResponsePayload]]
 
-_HB = {0: (hb_req_v0, hb_resp_v0), 1: (hb_req_v1, hb_resp_v1)}
-_FC = {
-    3: (fc_req_v3, fc_resp_v3),
-    4: (fc_req_v4, fc_resp_v4),
-    5: (fc_req_v5, fc_resp_v5),
-    6: (fc_req_v6, fc_resp_v6),
-}
-_MD = {10: (md_req_v10, md_resp_v10), 11: (md_req_v11, md_resp_v11), 12: (md_req_v12, md_resp_v12)}
-_OF = {
-    6: (of_req_v6, of_resp_v6),
-    7: (of_req_v7, of_resp_v7),
-    8: (of_req_v8, of_resp_v8),
-    9: (of_req_v9, of_resp_v9),
-}
-_CGD = {0: (cgd_req_v0, cgd_resp_v0), 1: (cgd_req_v1, cgd_resp_v1)}
-_LG = {5: (lg_req_v5, lg_resp_v5)}
-_LO = {7: (lo_req_v7, lo_resp_v7), 8: (lo_req_v8, lo_resp_v8), 9: (lo_req_v9, lo_resp_v9)}
-_DC = {4: (dc_req_v4, dc_resp_v4)}
+
+class _Schemas(Mapping[int, tuple[ModuleType, ModuleType]]):
+    """One API's kio request and response modules per version, each imported when first
+    used: a client uses one version of each API, and importing every version's modules up
+    front cost every process about 0.1 s of CPU at start."""
+
+    def __init__(self, api: str, versions: tuple[int, ...]) -> None:
+        self._api = api
+        self._versions = versions
+        self._loaded: dict[int, tuple[ModuleType, ModuleType]] = {}
+
+    def __getitem__(self, version: int) -> tuple[ModuleType, ModuleType]:
+        pair = self._loaded.get(version)
+        if pair is None:
+            if version not in self._versions:
+                raise KeyError(version)
+            base = f"kio.schema.{self._api}.v{version}"
+            pair = (import_module(f"{base}.request"), import_module(f"{base}.response"))
+            self._loaded[version] = pair
+        return pair
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._versions)
+
+    def __len__(self) -> int:
+        return len(self._versions)
+
+
+_HB = _Schemas("consumer_group_heartbeat", (0, 1))
+_FC = _Schemas("find_coordinator", (3, 4, 5, 6))
+_MD = _Schemas("metadata", (10, 11, 12))
+_OC = _Schemas("offset_commit", (9,))
+_OF = _Schemas("offset_fetch", (6, 7, 8, 9))
+_CGD = _Schemas("consumer_group_describe", (0, 1))
+_LG = _Schemas("list_groups", (5,))
+_LO = _Schemas("list_offsets", (7, 8, 9))
+_DC = _Schemas("describe_configs", (4,))
 
 #: Versions this SDK implements, per API key (the highest one the broker also has is used).
 SUPPORTED_VERSIONS: dict[int, tuple[int, ...]] = {
     API_CONSUMER_GROUP_HEARTBEAT: tuple(_HB),
     API_FIND_COORDINATOR: tuple(_FC),
     API_METADATA: tuple(_MD),
-    API_OFFSET_COMMIT: (9,),
+    API_OFFSET_COMMIT: tuple(_OC),
     API_OFFSET_FETCH: tuple(_OF),
     API_CONSUMER_GROUP_DESCRIBE: tuple(_CGD),
     API_LIST_GROUPS: tuple(_LG),
@@ -298,27 +278,28 @@ def find_coordinator_from_kio(group_id: str, resp: Any) -> Coordinator:
 
 
 def offset_commit_call(req: OffsetCommitRequest, version: int = 9) -> Call:
+    request_mod, response_mod = _OC[9]
     by_topic: dict[str, list[Any]] = defaultdict(list)
     for o in req.offsets:
         by_topic[o.topic].append(
-            oc_req_v9.OffsetCommitRequestPartition(
+            request_mod.OffsetCommitRequestPartition(
                 partition_index=i32(o.partition),
                 committed_offset=i64(o.offset),
                 committed_leader_epoch=i32(o.leader_epoch),
                 committed_metadata=o.metadata,
             )
         )
-    request = oc_req_v9.OffsetCommitRequest(
+    request = request_mod.OffsetCommitRequest(
         group_id=GroupId(req.group_id),
         generation_id_or_member_epoch=i32(req.member_epoch),
         member_id=req.member_id,
         group_instance_id=req.instance_id,
         topics=tuple(
-            oc_req_v9.OffsetCommitRequestTopic(name=TopicName(t), partitions=tuple(ps))
+            request_mod.OffsetCommitRequestTopic(name=TopicName(t), partitions=tuple(ps))
             for t, ps in sorted(by_topic.items())
         ),
     )
-    return request, oc_resp_v9.OffsetCommitResponse
+    return request, response_mod.OffsetCommitResponse
 
 
 def offset_commit_from_kio(resp: Any) -> tuple[PartitionResult, ...]:

@@ -8,6 +8,9 @@ recording its offsets, so hand-offs can be checked offset by offset.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import textwrap
 from typing import Any
 
 import pytest
@@ -399,6 +402,30 @@ def test_available_now_stops_at_the_snapshot_and_min_rows_waits(
         reader.close()
 
 
+def test_available_now_prepared_before_the_join_bounds_at_the_join(
+    embedded_kafka: EmbeddedKafka,
+) -> None:
+    """Spark's order for AvailableNow: prepare (which joins) before initialOffset. The bound
+    comes from the assignment's own lookup, for fresh partitions and for partitions with a
+    committed offset alike; records produced after it are left for the next run."""
+    topic, group = "gr-avail-join", "gr-avail-join-g"
+    embedded_kafka.create_topic(topic, partitions=2)
+    produce(embedded_kafka, topic, 2, 20, "a")
+    for run, end in enumerate([20, 40]):  # the second run resumes at the committed 20
+        if run:
+            produce(embedded_kafka, topic, 2, 10, "b")
+        reader = GroupReader(options(embedded_kafka, group, topic))
+        try:
+            reader.prepare_for_trigger_available_now()
+            produce(embedded_kafka, topic, 2, 10, f"late{run}")  # after the bound
+            query = FakeQuery(reader, max_rows=15)
+            query.drain()
+            assert query.positions() == {0: end, 1: end}
+        finally:
+            reader.close()
+        assert committed(embedded_kafka, group, topic, 2) == {0: end, 1: end}
+
+
 def test_new_topic_matching_the_pattern_starts_at_earliest(embedded_kafka: EmbeddedKafka) -> None:
     """startingOffsets=latest applies to what exists at start; later topics are read whole."""
     group = "gr-pattern-g"
@@ -642,3 +669,32 @@ def test_offsets_behind_latest_and_description_in_the_reported_latest_offset(
         }
     finally:
         reader.close()
+
+
+_IMPORT_PROBE = textwrap.dedent(
+    """
+    import sys, types
+    from spark_integration import driver
+    if sys.argv[1] == "stream-reader":
+        sys.modules["__main__"].__spec__ = types.SimpleNamespace(name=driver._STREAM_READER_MAIN)
+    driver._member_class()
+    loaded = "hypothesis" in sys.modules
+    import hypothesis.strategies  # importable again after the member's import
+    print(loaded)
+    """
+)
+
+
+def test_the_stream_reader_process_imports_the_member_without_hypothesis() -> None:
+    """kio registers hypothesis strategies whenever hypothesis is importable; pyspark's
+    stream-reader process (its runner module is ``__main__``) imports the member with it
+    hidden, and only there."""
+    for process, loaded in (("stream-reader", "False"), ("any other", "True")):
+        out = subprocess.run(
+            [sys.executable, "-c", _IMPORT_PROBE, process],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+        )
+        assert out.stdout.strip() == loaded, (process, out.stdout, out.stderr)
