@@ -50,19 +50,27 @@ def _config(bootstrap: str, prefix: str) -> dict[str, Any]:
 
 
 class _Ticker:
-    """A task sleeping 1 ms at a time; records how late each wake-up is."""
+    """A task sleeping 1 ms at a time; records how late each wake-up is, and how much of
+    that lateness the event loop's thread was running (work holding the loop), as opposed
+    to off the CPU (the OS running other threads, or a wait for the GIL): the lateness
+    less the thread's off-CPU time between the two wake-ups, at least 0."""
 
     def __init__(self) -> None:
         self.lateness: list[float] = []
+        self.held_cpu: list[float] = []
         self._task: asyncio.Task[None] | None = None
 
     async def _run(self) -> None:
         last = time.perf_counter()
+        last_cpu = time.thread_time()
         while True:
             await asyncio.sleep(TICK_S)
-            now = time.perf_counter()
-            self.lateness.append(max(now - last - TICK_S, 0.0))
-            last = now
+            now, cpu = time.perf_counter(), time.thread_time()
+            late = max(now - last - TICK_S, 0.0)
+            off_cpu = max((now - last) - (cpu - last_cpu), 0.0)
+            self.lateness.append(late)
+            self.held_cpu.append(max(late - off_cpu, 0.0))
+            last, last_cpu = now, cpu
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run())
@@ -72,12 +80,15 @@ class _Ticker:
         self._task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._task
-        late = sorted(self.lateness)
+        late, held = sorted(self.lateness), sorted(self.held_cpu)
+        nan = float("nan")
         return {
             "ticks": len(late),
-            "max_ms": late[-1] * 1000 if late else float("nan"),
-            "p99_ms": late[int(len(late) * 0.99)] * 1000 if late else float("nan"),
-            "median_ms": statistics.median(late) * 1000 if late else float("nan"),
+            "max_ms": late[-1] * 1000 if late else nan,
+            "p99_ms": late[int(len(late) * 0.99)] * 1000 if late else nan,
+            "median_ms": statistics.median(late) * 1000 if late else nan,
+            "cpu_max_ms": held[-1] * 1000 if held else nan,
+            "cpu_p99_ms": held[int(len(held) * 0.99)] * 1000 if held else nan,
         }
 
 
@@ -106,20 +117,39 @@ async def _read(
     return ((got - 1) / elapsed, (got - 1) / cpu), gaps
 
 
+async def _read_for(
+    consumer: Any, n: int, ticker: _Ticker | None
+) -> tuple[tuple[float, float], dict[str, float] | None]:
+    """`_read` with ``async for msg in consumer`` as the application writes it."""
+    got = 0
+    start: float | None = None
+    cpu_start = 0.0
+    async with asyncio.timeout(300):
+        async for m in consumer:
+            if m.error() is None:
+                if start is None:
+                    start, cpu_start = time.perf_counter(), _cpu_s()
+                    if ticker is not None:
+                        ticker.start()
+                got += 1
+                if got >= n:
+                    break
+    elapsed = time.perf_counter() - (start or time.perf_counter())
+    cpu = max(_cpu_s() - cpu_start, 1e-6)
+    gaps = await ticker.stop() if ticker is not None else None
+    return ((got - 1) / elapsed, (got - 1) / cpu), gaps
+
+
 async def _aio(bootstrap: str, topic: str, n: int, mode: str, tick: bool = False) -> Any:
     from consumer_sdk.aio import AIOConsumer
 
     async with AIOConsumer(_config(bootstrap, "aio")) as c:
         await c.subscribe([topic])
-        if mode == "consume":
+        if mode == "for":
+            return await _read_for(c, n, _Ticker() if tick else None)
 
-            async def step() -> list[Any]:
-                return await c.consume(500, 1.0)
-        else:
-            it = aiter(c)
-
-            async def step() -> list[Any]:
-                return [await anext(it)]
+        async def step() -> list[Any]:
+            return await c.consume(500, 1.0)
 
         return await _read(step, n, _Ticker() if tick else None)
 
@@ -151,6 +181,22 @@ async def _idle() -> dict[str, float]:
     ticker = _Ticker()
     ticker.start()
     await asyncio.sleep(1.0)
+    return await ticker.stop()
+
+
+async def _busy(chunk_s: float = 0.0003) -> dict[str, float]:
+    """The machine's floor for a loop that computes all the time, as one reading at full
+    speed does: a task spinning ``chunk_s`` at a time (no SDK), next to the ticker, for a
+    second. On a loaded machine the OS takes the CPU away from such a thread for
+    milliseconds at a time; a sleeping loop (`_idle`) is woken promptly."""
+    ticker = _Ticker()
+    ticker.start()
+    end = time.monotonic() + 1.0
+    while time.monotonic() < end:
+        spin_until = time.perf_counter() + chunk_s
+        while time.perf_counter() < spin_until:
+            pass
+        await asyncio.sleep(0)
     return await ticker.stop()
 
 
@@ -271,6 +317,7 @@ def run(quick: bool = False) -> dict[str, Any]:
         }
         out["loop_gap"] = {
             "idle": asyncio.run(_idle()),
+            "busy": asyncio.run(_busy()),
             "aio_for": asyncio.run(_aio(bootstrap, topic, n, "for", tick=True))[1],
             "aio_consume": asyncio.run(_aio(bootstrap, topic, n, "consume", tick=True))[1],
             "confluent_aio": asyncio.run(_confluent_aio(bootstrap, topic, n, tick=True))[1],
@@ -332,16 +379,35 @@ def render(result: dict[str, Any]) -> list[str]:
     ]
     names = {
         "idle": "nothing else on the loop (the machine's floor)",
+        "busy": "a task computing in 0.3 ms slices, no SDK (the floor for a busy loop)",
         "aio_for": "`async for` (SDK)",
         "aio_consume": "`await consume(500)` (SDK)",
         "confluent_aio": "confluent-kafka `AIOConsumer.consume(500)`",
     }
     for key, label in names.items():
+        if key not in g:
+            continue
         row = g[key]
         lines.append(
             f"| {label} | {row['ticks']:,} | {row['max_ms']:.2f} ms | {row['p99_ms']:.2f} ms | "
             f"{row['median_ms']:.3f} ms |"
         )
+    if all("cpu_max_ms" in g[key] for key in names if key in g):
+        lines += [
+            "",
+            "The same ticks' lateness while the event loop's thread was on a CPU (lateness "
+            "less the thread's off-CPU time between the two ticks): work holding the loop, "
+            "without the time the OS ran other threads or the thread waited for the GIL.",
+            "",
+            "| Lateness while the loop's thread ran | largest | p99 |",
+            "| --- | ---: | ---: |",
+        ]
+        for key, label in names.items():
+            if key in g:
+                row = g[key]
+                lines.append(
+                    f"| {label} | {row['cpu_max_ms']:.2f} ms | {row['cpu_p99_ms']:.2f} ms |"
+                )
     lines += [
         "",
         f"1,000 `AIOGroupMember`s on one event loop, 1 s heartbeat interval: {m['stable']} "

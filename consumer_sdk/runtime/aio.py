@@ -84,6 +84,7 @@ _RECORD_SLICE_S = 0.1
 # a turn (before taking records, so a cancellation there takes nothing) when this long has
 # passed since their last suspension.
 _YIELD_EVERY_S = 0.0003
+_monotonic = time.monotonic
 _FETCH_ERRORS = (BrokerResponseError, KafkaTransportError, KafkaTimeoutError, ProtocolError)
 
 
@@ -157,6 +158,9 @@ class AIOGroupMember:
         self._sync = self._new_member(config)
         self._waiter: asyncio.Future[None] | None = None
         self._suspended_at = time.monotonic()
+        # Until when (monotonic s) `AIOConsumer.__anext__` may hand out buffered records
+        # without poll's checks: anything that needs them (queued work, close) sets it to 0.
+        self._fast_until = 0.0
         self._woken = False
         self._wake_pending = False
         self._dispatching: asyncio.Task[bool] | None = None
@@ -216,6 +220,11 @@ class AIOGroupMember:
 
     def _wake(self) -> None:
         self._wake_pending = False
+        self._fast_until = 0.0
+        self._resume()
+
+    def _resume(self) -> None:
+        """End the current wait (or else the next one)."""
         self._woken = True
         waiter = self._waiter
         if waiter is not None and not waiter.done():
@@ -496,7 +505,9 @@ class AIOGroupMember:
         if self._closing is None:
             if self._sync._closed:
                 return
+            self._fast_until = 0.0
             self._closing = self._loop.create_task(self._close(timeout, option))
+            self._resume()  # a waiting `async for` step ends (see AIOConsumer._poll)
         await asyncio.shield(self._closing)
 
     async def _close(self, timeout: float, option: CloseOption) -> None:
@@ -556,6 +567,7 @@ class AIOConsumer(AIOGroupMember):
 
     def __init__(self, config: Mapping[str, Any]) -> None:
         super().__init__(config)
+        self._next_buffered = self._sync._fetcher.next_buffered
         self._io: QueueIoEvent | None = None
         self._pipe: tuple[int, int] | None = None
         fetcher = self._sync._fetcher
@@ -579,7 +591,7 @@ class AIOConsumer(AIOGroupMember):
         with contextlib.suppress(BlockingIOError):
             while os.read(self._pipe[0], 4096):
                 pass
-        self._wake()
+        self._resume()  # records in librdkafka: no need to end __anext__'s fast window
 
     def _slice(self) -> float:
         return min(super()._slice(), _RECORD_SLICE_S)
@@ -590,6 +602,11 @@ class AIOConsumer(AIOGroupMember):
         """As `Consumer.poll`: one record or error event within ``timeout`` seconds, else
         None; ``None`` waits until there is one. Group errors come as error events, callback
         exceptions are raised."""
+        return await self._poll(timeout, until_close=False)
+
+    async def _poll(self, timeout: float | None, until_close: bool) -> Message | None:
+        """`poll`; with ``until_close`` (an ``async for`` step) it also ends, with None,
+        when a close starts while it waits."""
         s = self._sync
         if s._error_events and not s._closed:
             return s._error_events.popleft()
@@ -606,7 +623,7 @@ class AIOConsumer(AIOGroupMember):
             if msg is not None:
                 return msg
             remaining = deadline - time.monotonic()
-            if remaining <= 0:
+            if remaining <= 0 or (until_close and (self._closing is not None or s._closed)):
                 return None
             s._net.note_poll()
             await self._wait(min(remaining, self._slice()))
@@ -641,26 +658,34 @@ class AIOConsumer(AIOGroupMember):
 
     async def __anext__(self) -> Message:
         """The next record or error event; ends when the consumer is closed."""
+        # Fast path: hand out the fetcher's buffered batch (filled by one librdkafka call)
+        # record by record, with no await before the return (cancel-safe), while nothing
+        # needs poll's checks (see `_arm_fast`).
+        if _monotonic() < self._fast_until:
+            msg = self._next_buffered()
+            if msg is not None:
+                return msg
         s = self._sync
-        # Fast path, a record already buffered: poll(None) without its set-up.
-        now = time.monotonic()
-        if (
-            now - self._suspended_at < _YIELD_EVERY_S
-            and now < s._next_post_poll
-            and self._closing is None
-            and not self._has_work()
-            and not s._error_events
-            and not s._closed
-        ):
-            msg = s._fetcher.poll(0)
-            if msg is not None:
-                return msg
         while True:
-            if self._sync._closed or self._closing is not None:
+            if s._closed or self._closing is not None:
                 raise StopAsyncIteration
-            msg = await self.poll(None)
+            msg = await self._poll(None, until_close=True)
             if msg is not None:
+                self._arm_fast()
                 return msg
+
+    def _arm_fast(self) -> None:
+        """After a `poll` that returned a record: let `__anext__` skip poll's checks until
+        the event loop's next turn is due, the member's next poll event, or the fetcher's
+        gate must be asked again, whichever is first; not while errors or work wait.
+        Queued work and close end the window early (`_wake`, `close`)."""
+        s = self._sync
+        if s._error_events or self._has_work() or self._closing is not None or s._closed:
+            self._fast_until = 0.0
+        else:
+            self._fast_until = min(
+                self._suspended_at + _YIELD_EVERY_S, s._next_post_poll, s._fetcher.open_until
+            )
 
     # -- plain methods (non-blocking, as Consumer) --------------------------------------------
 

@@ -710,17 +710,34 @@ class Fetcher:
             with self._flight:
                 if self._native:  # their records are about to be buffered
                     self._materialize(set(self._native))
-                # The wait comes first, so a wake-up (`wake`) ends it: a batch call on the
-                # empty queue would consume the wake-up and return nothing.
-                msg = self._consumer.poll(timeout)
-                if msg is None:
-                    return None
-                msgs = self._consumer.consume(POLL_BATCH - 1, 0)
-                msgs.insert(0, msg)
+                if timeout <= 0:  # one call into librdkafka
+                    msgs = self._consumer.consume(POLL_BATCH, 0)
+                    if not msgs:
+                        return None
+                else:
+                    # The wait comes first, so a wake-up (`wake`) ends it: a batch call on
+                    # the empty queue would consume the wake-up and return nothing.
+                    msg = self._consumer.poll(timeout)
+                    if msg is None:
+                        return None
+                    msgs = self._consumer.consume(POLL_BATCH - 1, 0)
+                    msgs.insert(0, msg)
                 self._fill(msgs)
             if _monotonic() > self._open_until:  # the member may have stalled in the wait
                 self._check_gate(reopen=False)
-            buffer = self._buffer
+        return self.next_buffered()
+
+    @property
+    def open_until(self) -> float:
+        """Until when (monotonic s) records may be handed out without asking the gate
+        (``poll``/``consume`` ask it past this)."""
+        return self._open_until
+
+    def next_buffered(self) -> Message | None:
+        """The next buffered record of a fetchable partition (its position moves past it) or
+        error event; None once the buffer is empty. No wait, no call into librdkafka and no
+        gate check: a caller that skips `poll` checks `open_until` itself."""
+        buffer = self._buffer
         fetchable = self._fetchable
         while buffer:
             key, msg = buffer.popleft()

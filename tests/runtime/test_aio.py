@@ -267,6 +267,67 @@ def test_cancelling_poll_during_on_assign_keeps_the_callback_and_records(
     run(main())
 
 
+def test_async_for_ends_at_close_from_another_task(embedded_kafka: EmbeddedKafka) -> None:
+    """``async for`` hands buffered records out without poll's checks while nothing needs
+    them: a close() started by another task ends the iteration at the next step (at most
+    the record of a step already under way comes after it), and the records handed out
+    are consecutive from offset 0."""
+    topic, group = "aio-for-close", "aio-for-close-g"
+    embedded_kafka.create_topic(topic, partitions=1)
+    embedded_kafka.produce(topic, [b"x"] * 3000)
+
+    async def main() -> None:
+        c = AIOConsumer(config(embedded_kafka, group, enable_auto_commit=False))
+        await c.subscribe([topic])
+        offsets: list[int] = []
+        after_close: list[int] = []
+        closing: asyncio.Task[None] | None = None
+
+        async def closer() -> None:
+            nonlocal closing
+            await until(lambda: len(offsets) >= 1000, "1000 records read")
+            closing = asyncio.create_task(c.close())
+
+        close_task = asyncio.create_task(closer())
+        async for msg in c:
+            (after_close if closing is not None else offsets).append(msg.offset())  # type: ignore[arg-type]
+            await asyncio.sleep(0)  # the application awaits between records
+        await close_task
+        assert closing is not None
+        await closing
+        assert len(after_close) <= 1, f"{len(after_close)} records after close() was called"
+        offsets += after_close
+        assert offsets == list(range(len(offsets))) and len(offsets) >= 1000
+
+    run(main())
+
+
+def test_async_for_waiting_for_records_ends_at_close(embedded_kafka: EmbeddedKafka) -> None:
+    """An ``async for`` step waiting for records (everything read) ends the iteration when
+    another task closes the consumer."""
+    topic, group = "aio-for-wait-close", "aio-for-wait-close-g"
+    embedded_kafka.create_topic(topic, partitions=1)
+    embedded_kafka.produce(topic, [b"x"] * 10)
+
+    async def main() -> None:
+        c = AIOConsumer(config(embedded_kafka, group, enable_auto_commit=False))
+        await c.subscribe([topic])
+        got: list[int] = []
+
+        async def closer() -> None:
+            await until(lambda: len(got) == 10, "10 records read")
+            await asyncio.sleep(0.2)  # the iteration waits for more
+            await c.close()
+
+        close_task = asyncio.create_task(closer())
+        async for msg in c:
+            got.append(msg.offset())  # type: ignore[arg-type]
+        await close_task
+        assert got == list(range(10))
+
+    run(main(), timeout=30)
+
+
 def test_cancelled_sync_commit_and_close_still_complete(embedded_kafka: EmbeddedKafka) -> None:
     """Cancelling an awaited synchronous commit does not take it back; cancelling close()
     leaves it running to the end (the leave is sent)."""
