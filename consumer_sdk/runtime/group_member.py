@@ -543,6 +543,10 @@ class GroupMember:
     def _deliver_error(self, event: ErrorEvent) -> bool:
         """Hand a group error to the application the way confluent-kafka does (see
         `error_channel`); True if it was delivered (an event queued or error_cb run)."""
+        if event.fatal and self._fatal is not None:
+            # The core repeats its fatal error for every event it refuses after it (each poll):
+            # the application got it once; from now on its calls raise it.
+            return False
         error = KafkaError(event.code, event.message, fatal=event.fatal, retriable=not event.fatal)
         self._note_error(error)
         if event.fatal:
