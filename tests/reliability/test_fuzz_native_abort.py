@@ -5,7 +5,7 @@ array whose length prefix is huge; the framing layer bounds-checks frames first.
 corruption loop runs in a child process so that an abort fails this test with its signal
 instead of killing pytest.
 
-Each run corrupts ``NATIVE_FUZZ_FRAMES`` frames per type (5,000: about 40 s) from a new seed
+Each run corrupts ``NATIVE_FUZZ_FRAMES`` frames per type (3,000: about 25 s) from a new seed
 (``NATIVE_FUZZ_SEED`` repeats one; a failure names its seed), so runs add up to more
 coverage than one fixed long run: ``NATIVE_FUZZ_FRAMES=100000`` for a long one."""
 
@@ -22,7 +22,7 @@ from pathlib import Path
 from tests.reliability.test_fuzz_responses import PARSED
 
 ROOT = Path(__file__).resolve().parents[2]
-FRAMES_PER_TYPE = int(os.environ.get("NATIVE_FUZZ_FRAMES", "5000"))
+FRAMES_PER_TYPE = int(os.environ.get("NATIVE_FUZZ_FRAMES", "3000"))
 SEED = int(os.environ.get("NATIVE_FUZZ_SEED") or random.randrange(2**31))
 
 
