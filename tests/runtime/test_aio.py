@@ -302,6 +302,37 @@ def test_async_for_ends_at_close_from_another_task(embedded_kafka: EmbeddedKafka
     run(main())
 
 
+def test_async_for_takes_records_from_librdkafka_in_bounded_chunks(
+    embedded_kafka: EmbeddedKafka,
+) -> None:
+    """Each call into librdkafka on the event loop takes at most ``_FILL_BATCH`` records
+    (building them holds the loop), fewer than the sync poll's batch: the fetcher's buffer
+    never holds more after a step, while still holding batches (not one record a call)."""
+    from consumer_sdk.runtime import aio as aio_module
+    from consumer_sdk.runtime.fetcher import POLL_BATCH
+
+    topic, group = "aio-for-chunks", "aio-for-chunks-g"
+    embedded_kafka.create_topic(topic, partitions=1)
+    embedded_kafka.produce(topic, [b"x"] * 2000)
+    assert aio_module._FILL_BATCH < POLL_BATCH
+
+    async def main() -> None:
+        async with AIOConsumer(config(embedded_kafka, group, enable_auto_commit=False)) as c:
+            await c.subscribe([topic])
+            buffered: list[int] = []
+            offsets: list[int] = []
+            async for msg in c:
+                offsets.append(msg.offset())  # type: ignore[arg-type]
+                buffered.append(len(c._sync._fetcher._buffer))
+                if len(offsets) == 2000:
+                    break
+            assert offsets == list(range(2000))
+            assert max(buffered) < aio_module._FILL_BATCH, max(buffered)
+            assert max(buffered) >= aio_module._FILL_BATCH // 2, max(buffered)
+
+    run(main(), timeout=60)
+
+
 def test_async_for_waiting_for_records_ends_at_close(embedded_kafka: EmbeddedKafka) -> None:
     """An ``async for`` step waiting for records (everything read) ends the iteration when
     another task closes the consumer."""
