@@ -20,7 +20,8 @@ the fetcher's buffer for the next call), and positions (what auto-commit commits
 for records handed out. Rebalance work runs in a task of its own that the caller's
 cancellation does not interrupt (the next call waits for it and raises its errors).
 
-Everything here runs on the event loop's thread, except ``_wake_threadsafe``.
+Everything here runs on the event loop's thread, except ``_wake_threadsafe`` and
+``_LoopWaker.add``.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any, Self, TypeVar
 
@@ -117,6 +119,45 @@ class _LoopConsumer(Consumer):
             self._net.notify()
 
 
+class _LoopWaker:
+    """Wakes members on one event loop from other threads with one ``call_soon_threadsafe``
+    for all the members woken before the loop gets to it (a join or a rebalance of many
+    members on one loop wakes it once per network-loop turn, not once per member)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._lock = threading.Lock()
+        self._members: list[AIOGroupMember] = []
+
+    def add(self, member: AIOGroupMember) -> None:
+        """(any thread) Run ``member._wake()`` on the event loop soon."""
+        with self._lock:
+            first = not self._members
+            self._members.append(member)
+        if first:
+            with contextlib.suppress(RuntimeError):  # the event loop is closed
+                self._loop.call_soon_threadsafe(self._run)
+
+    def _run(self) -> None:
+        with self._lock:
+            members, self._members = self._members, []
+        for member in members:
+            member._wake()
+
+
+_wakers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopWaker] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _loop_waker(loop: asyncio.AbstractEventLoop) -> _LoopWaker:
+    """The `_LoopWaker` of ``loop`` (event loop thread)."""
+    waker = _wakers.get(loop)
+    if waker is None:
+        waker = _wakers[loop] = _LoopWaker(loop)
+    return waker
+
+
 async def await_completion(completion: Completion[T]) -> T:
     """Await a network-loop `Completion` on the running event loop, at most until its
     deadline (then it fails with `KafkaTimeoutError`); its value, or raise its error.
@@ -168,6 +209,7 @@ class AIOGroupMember:
         self._fast_until = 0.0
         self._woken = False
         self._wake_pending = False
+        self._loop_waker = _loop_waker(self._loop)
         self._dispatching: asyncio.Task[bool] | None = None
         self._closing: asyncio.Task[None] | None = None
         self._rebalance_timeout = self._sync._config.max_poll_interval_ms / 1000
@@ -220,8 +262,7 @@ class AIOGroupMember:
         if self._wake_pending:
             return
         self._wake_pending = True
-        with contextlib.suppress(RuntimeError):  # the event loop is closed
-            self._loop.call_soon_threadsafe(self._wake)
+        self._loop_waker.add(self)
 
     def _wake(self) -> None:
         self._wake_pending = False

@@ -359,6 +359,62 @@ def test_async_for_waiting_for_records_ends_at_close(embedded_kafka: EmbeddedKaf
     run(main(), timeout=30)
 
 
+def test_members_on_one_loop_share_the_wake_ups_from_the_network_loop(
+    embedded_kafka: EmbeddedKafka,
+) -> None:
+    """Members on one event loop woken by the network loop together (a join of many) cost
+    one ``call_soon_threadsafe`` between them: fewer than the members' wake-ups, with a
+    wake-up serving several members (fails with one call per member)."""
+    from consumer_sdk.runtime import aio as aio_module
+
+    topic, group = "aio-wakes", "aio-wakes-g"
+    embedded_kafka.create_topic(topic, partitions=20)
+    threadsafe_calls: list[object] = []
+    batches: list[int] = []
+
+    class CountingLoop(asyncio.SelectorEventLoop):
+        def call_soon_threadsafe(self, callback: Any, *args: Any, context: Any = None) -> Any:
+            if threading.get_ident() != getattr(self, "_thread_id", None):
+                threadsafe_calls.append(callback)
+            return super().call_soon_threadsafe(callback, *args, context=context)
+
+    original_run = aio_module._LoopWaker._run
+
+    def counting_run(waker: Any) -> None:
+        batches.append(len(waker._members))
+        original_run(waker)
+
+    async def main() -> None:
+        members = [AIOGroupMember(config(embedded_kafka, group)) for _ in range(20)]
+        stop = asyncio.Event()
+
+        async def drive_member(m: AIOGroupMember) -> None:
+            await m.subscribe([topic])
+            while not stop.is_set():
+                await m.poll(0.5)
+
+        tasks = [asyncio.create_task(drive_member(m)) for m in members]
+        await until(
+            lambda: all(m.state is MemberState.STABLE and m.assignment() for m in members),
+            "20 members stable with a partition each",
+            timeout=60,
+        )
+        stop.set()
+        await asyncio.gather(*tasks)
+        await asyncio.gather(*(m.close() for m in members))
+
+    aio_module._LoopWaker._run = counting_run  # type: ignore[method-assign]
+    try:
+        with asyncio.Runner(loop_factory=CountingLoop) as runner:
+            runner.run(asyncio.wait_for(main(), 90))
+    finally:
+        aio_module._LoopWaker._run = original_run  # type: ignore[method-assign]
+    woken = sum(batches)
+    assert woken >= 20, batches
+    assert len(threadsafe_calls) < woken, (len(threadsafe_calls), woken)
+    assert max(batches) > 1, batches
+
+
 def test_cancelled_sync_commit_and_close_still_complete(embedded_kafka: EmbeddedKafka) -> None:
     """Cancelling an awaited synchronous commit does not take it back; cancelling close()
     leaves it running to the end (the leave is sent)."""
