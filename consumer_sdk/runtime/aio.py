@@ -434,7 +434,7 @@ class AIOGroupMember:
         deadline = time.monotonic() + _wait_seconds(timeout)
         while True:
             self._woken = False
-            if await self._dispatch():
+            if self._has_work() and await self._dispatch():
                 return None
             remaining = deadline - time.monotonic()
             if remaining <= 0:
