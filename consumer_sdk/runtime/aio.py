@@ -125,7 +125,8 @@ class _LoopWaker:
     members on one loop wakes it once per network-loop turn, not once per member)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
+        # Weak: `_wakers` holds this object for as long as the loop lives.
+        self._loop = weakref.ref(loop)
         self._lock = threading.Lock()
         self._members: list[AIOGroupMember] = []
 
@@ -134,9 +135,10 @@ class _LoopWaker:
         with self._lock:
             first = not self._members
             self._members.append(member)
-        if first:
+        loop = self._loop()
+        if first and loop is not None:
             with contextlib.suppress(RuntimeError):  # the event loop is closed
-                self._loop.call_soon_threadsafe(self._run)
+                loop.call_soon_threadsafe(self._run)
 
     def _run(self) -> None:
         with self._lock:

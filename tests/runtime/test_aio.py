@@ -745,3 +745,19 @@ def test_differential_fencing(embedded_kafka: EmbeddedKafka) -> None:
             )
 
     run(main(), timeout=150)
+
+
+def test_the_wake_up_batcher_of_an_event_loop_goes_with_the_loop() -> None:
+    """`_LoopWaker` keeps no event loop alive (each ``asyncio.run`` makes a new one)."""
+    import gc
+
+    from consumer_sdk.runtime import aio as aio_module
+
+    async def touch() -> None:
+        aio_module._loop_waker(asyncio.get_running_loop())
+
+    before = len(aio_module._wakers)
+    for _ in range(3):
+        asyncio.run(touch())
+    gc.collect()
+    assert len(aio_module._wakers) == before
