@@ -750,14 +750,18 @@ def test_differential_fencing(embedded_kafka: EmbeddedKafka) -> None:
 def test_the_wake_up_batcher_of_an_event_loop_goes_with_the_loop() -> None:
     """`_LoopWaker` keeps no event loop alive (each ``asyncio.run`` makes a new one)."""
     import gc
+    import weakref
 
     from consumer_sdk.runtime import aio as aio_module
 
-    async def touch() -> None:
-        aio_module._loop_waker(asyncio.get_running_loop())
+    loops: list[weakref.ref[asyncio.AbstractEventLoop]] = []
 
-    before = len(aio_module._wakers)
+    async def touch() -> None:
+        loop = asyncio.get_running_loop()
+        aio_module._loop_waker(loop)
+        loops.append(weakref.ref(loop))
+
     for _ in range(3):
         asyncio.run(touch())
     gc.collect()
-    assert len(aio_module._wakers) == before
+    assert [ref() for ref in loops] == [None, None, None]
