@@ -518,7 +518,52 @@ def render(result: dict[str, Any]) -> list[str]:
             else "."
         ),
     ]
+    lines += ["", *_verdicts(result)]
     return lines
+
+
+def _verdicts(result: dict[str, Any]) -> list[str]:
+    """The goals as this run met or missed them (and by how much)."""
+
+    def verdict(value: float, goal: float, at_least: bool) -> str:
+        met = value >= goal if at_least else value < goal
+        if met:
+            return "met"
+        if at_least:
+            return f"missed by {(1 - value / goal) * 100:.0f} %"
+        return f"missed: {value / goal:.1f}x the goal"
+
+    r = result["throughput"]["ratios"]
+    g = result["loop_gap"]
+    m = result["members"]
+    out = ["Goals in this run:", ""]
+    for mine, label in (("aio_for", "`async for`"), ("aio_consume", "`await consume(500)`")):
+        sync, ck = r[f"{mine}_vs_sync"], r[f"{mine}_vs_confluent_aio"]
+        out.append(
+            f"- {label}: {sync:.2f}x sync ({verdict(sync, 0.9, True)}), {ck:.2f}x "
+            f"confluent-kafka's AIOConsumer ({verdict(ck, 1.0, True)})"
+        )
+    for key, label in (("aio_for", "`async for`"), ("aio_consume", "`await consume(500)`")):
+        row = g[key]
+        text = (
+            f"- event loop next to {label}: wall-clock largest {row['max_ms']:.2f} ms "
+            f"({verdict(row['max_ms'], 5.0, False)}), p99 {row['p99_ms']:.2f} ms "
+            f"({verdict(row['p99_ms'], 1.0, False)})"
+        )
+        if "not_os_max_ms" in row:
+            text += (
+                f"; without the wait for a CPU largest {row['not_os_max_ms']:.2f} ms "
+                f"({verdict(row['not_os_max_ms'], 5.0, False)}), p99 "
+                f"{row['not_os_p99_ms']:.2f} ms ({verdict(row['not_os_p99_ms'], 1.0, False)}; "
+                f"the busy loop without the SDK: {g['busy'].get('not_os_p99_ms', float('nan')):.2f}"
+                " ms)"
+            )
+        out.append(text)
+    fraction = m["cpu_core_fraction"] * 100
+    out.append(
+        f"- 1,000 `AIOGroupMember`s: {fraction:.1f} % of a core ({verdict(fraction, 10.0, False)})"
+    )
+    return out
 
 
 def main() -> None:
