@@ -499,14 +499,16 @@ def render(result: dict[str, Any]) -> list[str]:
             "the samples, no other thread, no cyclic GC pass during a read, librdkafka's "
             "statistics callback 0.3-0.5 ms once a second). The rest of the lateness without "
             "the wait for a CPU is time the loop's thread slept, neither running nor waiting "
-            "for a CPU: partly inside the calls into librdkafka (its queue lock, the GIL taken "
-            "back after the call), partly elsewhere. No Python thread of the process accounts "
-            "for it (the network loop thread runs ~16 iterations during a 200,000-record "
-            "read, nearly all under 1 ms), so it is most likely the kernel (a page fault "
-            "waiting for the address-space lock while librdkafka's threads map and unmap "
-            "fetch buffers, say): not identified, and it grows with the machine's load (p99 "
-            "1.3-5.9 ms across runs at load 3-6); the hypervisor's steal shows when the host "
-            "took CPUs away.",
+            "for a CPU, almost all of it inside the calls that take records from librdkafka "
+            "(``consume(n, 0)``, which should not wait): measured around those calls, 8-32 "
+            "of the 2,000-4,000 calls of a 200,000-record read slept over 1 ms (longest 8-32 "
+            "ms, 80-130 ms in all), in librdkafka or confluent-kafka (a lock its threads hold, "
+            "or the kernel's), not waiting for the GIL (the network loop thread runs ~16 "
+            "iterations during such a read, nearly all under 1 ms). It grows with the "
+            "machine's load (p99 1.3-5.9 ms across runs at load 3-6). Keeping it off the "
+            "loop needs the records taken on another thread (confluent-kafka's AIOConsumer "
+            "takes them on its executor's thread): not done. The hypervisor's steal shows "
+            "when the host took CPUs away.",
         ]
     lines += [
         "",
