@@ -498,17 +498,18 @@ def render(result: dict[str, Any]) -> list[str]:
             "`--gil` while `async for` reads at full speed: the network loop thread ~0.5 % of "
             "the samples, no other thread, no cyclic GC pass during a read, librdkafka's "
             "statistics callback 0.3-0.5 ms once a second). The rest of the lateness without "
-            "the wait for a CPU is time the loop's thread slept, neither running nor waiting "
-            "for a CPU, almost all of it inside the calls that take records from librdkafka "
-            "(``consume(n, 0)``, which should not wait): measured around those calls, 8-32 "
-            "of the 2,000-4,000 calls of a 200,000-record read slept over 1 ms (longest 8-32 "
-            "ms, 80-130 ms in all), in librdkafka or confluent-kafka (a lock its threads hold, "
-            "or the kernel's), not waiting for the GIL (the network loop thread runs ~16 "
-            "iterations during such a read, nearly all under 1 ms). It grows with the "
-            "machine's load (p99 1.3-5.9 ms across runs at load 3-6). Keeping it off the "
-            "loop needs the records taken on another thread (confluent-kafka's AIOConsumer "
-            "takes them on its executor's thread): not done. The hypervisor's steal shows "
-            "when the host took CPUs away.",
+            "the wait for a CPU is time the loop's thread was neither on a CPU nor counted "
+            "as waiting for one, almost all of it inside the calls that take records from "
+            "librdkafka (``consume(n, 0)``, which should not wait): measured around those "
+            "calls, 8-32 of the 2,000-4,000 calls of a 200,000-record read lost over 1 ms "
+            "that way (longest 8-32 ms, 80-130 ms in all). It is not a wait for the GIL (the "
+            "network loop thread runs ~16 iterations during such a read, nearly all under "
+            "1 ms) and rarely a sleep (sampling the thread's kernel state found it in a futex "
+            "or a page fault in 0.3 % of the samples): a lock in librdkafka, or time the "
+            "kernel charged to no thread (interrupts, the host): not identified. It grows "
+            "with the machine's load (p99 1.3-5.9 ms across runs at load 3-6). If it is "
+            "librdkafka's, keeping it off the loop needs the records taken on another thread "
+            "(confluent-kafka's AIOConsumer takes them on its executor's thread): not done.",
         ]
     lines += [
         "",
