@@ -20,7 +20,8 @@ the fetcher's buffer for the next call), and positions (what auto-commit commits
 for records handed out. Rebalance work runs in a task of its own that the caller's
 cancellation does not interrupt (the next call waits for it and raises its errors).
 
-Everything here runs on the event loop's thread, except ``_wake_threadsafe``.
+Everything here runs on the event loop's thread, except ``_wake_threadsafe`` and
+``_LoopWaker.add``.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any, Self, TypeVar
 
@@ -84,6 +86,11 @@ _RECORD_SLICE_S = 0.1
 # a turn (before taking records, so a cancellation there takes nothing) when this long has
 # passed since their last suspension.
 _YIELD_EVERY_S = 0.0003
+# Records taken from librdkafka into the fetcher's buffer per call on the event loop (the
+# sync poll takes 256): building a record costs librdkafka and confluent-kafka ~1-2 us here,
+# so a fill stays well inside one `_YIELD_EVERY_S` turn (256 took ~0.45 ms: the loop-held
+# p99 of a 1 ms ticker was ~1.5 ms, ~1.05 with 96, as a busy loop without the SDK).
+_FILL_BATCH = 96
 _monotonic = time.monotonic
 _FETCH_ERRORS = (BrokerResponseError, KafkaTransportError, KafkaTimeoutError, ProtocolError)
 
@@ -110,6 +117,47 @@ class _LoopConsumer(Consumer):
         super()._on_loop_state_change(event)
         if event.new in _POLL_NEEDED and event.old is not event.new:
             self._net.notify()
+
+
+class _LoopWaker:
+    """Wakes members on one event loop from other threads with one ``call_soon_threadsafe``
+    for all the members woken before the loop gets to it (a join or a rebalance of many
+    members on one loop wakes it once per network-loop turn, not once per member)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        # Weak: `_wakers` holds this object for as long as the loop lives.
+        self._loop = weakref.ref(loop)
+        self._lock = threading.Lock()
+        self._members: list[AIOGroupMember] = []
+
+    def add(self, member: AIOGroupMember) -> None:
+        """(any thread) Run ``member._wake()`` on the event loop soon."""
+        with self._lock:
+            first = not self._members
+            self._members.append(member)
+        loop = self._loop()
+        if first and loop is not None:
+            with contextlib.suppress(RuntimeError):  # the event loop is closed
+                loop.call_soon_threadsafe(self._run)
+
+    def _run(self) -> None:
+        with self._lock:
+            members, self._members = self._members, []
+        for member in members:
+            member._wake()
+
+
+_wakers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopWaker] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _loop_waker(loop: asyncio.AbstractEventLoop) -> _LoopWaker:
+    """The `_LoopWaker` of ``loop`` (event loop thread)."""
+    waker = _wakers.get(loop)
+    if waker is None:
+        waker = _wakers[loop] = _LoopWaker(loop)
+    return waker
 
 
 async def await_completion(completion: Completion[T]) -> T:
@@ -163,6 +211,7 @@ class AIOGroupMember:
         self._fast_until = 0.0
         self._woken = False
         self._wake_pending = False
+        self._loop_waker = _loop_waker(self._loop)
         self._dispatching: asyncio.Task[bool] | None = None
         self._closing: asyncio.Task[None] | None = None
         self._rebalance_timeout = self._sync._config.max_poll_interval_ms / 1000
@@ -215,8 +264,7 @@ class AIOGroupMember:
         if self._wake_pending:
             return
         self._wake_pending = True
-        with contextlib.suppress(RuntimeError):  # the event loop is closed
-            self._loop.call_soon_threadsafe(self._wake)
+        self._loop_waker.add(self)
 
     def _wake(self) -> None:
         self._wake_pending = False
@@ -388,7 +436,7 @@ class AIOGroupMember:
         deadline = time.monotonic() + _wait_seconds(timeout)
         while True:
             self._woken = False
-            if await self._dispatch():
+            if self._has_work() and await self._dispatch():
                 return None
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -619,7 +667,7 @@ class AIOConsumer(AIOGroupMember):
                 await self._dispatch()
                 if s._error_events:
                     return s._error_events.popleft()
-            msg = fetcher.poll(0)
+            msg = fetcher.poll(0, None, _FILL_BATCH)
             if msg is not None:
                 return msg
             remaining = deadline - time.monotonic()

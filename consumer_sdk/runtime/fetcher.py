@@ -696,11 +696,14 @@ class Fetcher:
 
     # The per-record path avoids locks and copies: the GIL makes these dict/set operations
     # atomic, and the last delivered message per partition gives both position and epoch.
-    def poll(self, timeout: float, now: float | None = None) -> Message | None:
+    def poll(
+        self, timeout: float, now: float | None = None, batch: int = POLL_BATCH
+    ) -> Message | None:
         """The next record or error event; waits up to ``timeout`` for one if none is
         buffered. Records of partitions no longer fetchable are dropped (None if only
         such records were buffered). ``now``: the caller's `time.monotonic()` reading,
-        if it just took one (spares the per-record gate check its own)."""
+        if it just took one (spares the per-record gate check its own). ``batch``: at most
+        this many records are taken from librdkafka into the buffer when it is empty."""
         if (_monotonic() if now is None else now) > self._open_until:
             self._check_gate(reopen=True)
         buffer = self._buffer
@@ -711,7 +714,7 @@ class Fetcher:
                 if self._native:  # their records are about to be buffered
                     self._materialize(set(self._native))
                 if timeout <= 0:  # one call into librdkafka
-                    msgs = self._consumer.consume(POLL_BATCH, 0)
+                    msgs = self._consumer.consume(batch, 0)
                     if not msgs:
                         return None
                 else:
@@ -720,7 +723,7 @@ class Fetcher:
                     msg = self._consumer.poll(timeout)
                     if msg is None:
                         return None
-                    msgs = self._consumer.consume(POLL_BATCH - 1, 0)
+                    msgs = self._consumer.consume(batch - 1, 0) if batch > 1 else []
                     msgs.insert(0, msg)
                 self._fill(msgs)
             if _monotonic() > self._open_until:  # the member may have stalled in the wait

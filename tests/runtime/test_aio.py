@@ -302,6 +302,37 @@ def test_async_for_ends_at_close_from_another_task(embedded_kafka: EmbeddedKafka
     run(main())
 
 
+def test_async_for_takes_records_from_librdkafka_in_bounded_chunks(
+    embedded_kafka: EmbeddedKafka,
+) -> None:
+    """Each call into librdkafka on the event loop takes at most ``_FILL_BATCH`` records
+    (building them holds the loop), fewer than the sync poll's batch: the fetcher's buffer
+    never holds more after a step, while still holding batches (not one record a call)."""
+    from consumer_sdk.runtime import aio as aio_module
+    from consumer_sdk.runtime.fetcher import POLL_BATCH
+
+    topic, group = "aio-for-chunks", "aio-for-chunks-g"
+    embedded_kafka.create_topic(topic, partitions=1)
+    embedded_kafka.produce(topic, [b"x"] * 2000)
+    assert aio_module._FILL_BATCH < POLL_BATCH
+
+    async def main() -> None:
+        async with AIOConsumer(config(embedded_kafka, group, enable_auto_commit=False)) as c:
+            await c.subscribe([topic])
+            buffered: list[int] = []
+            offsets: list[int] = []
+            async for msg in c:
+                offsets.append(msg.offset())  # type: ignore[arg-type]
+                buffered.append(len(c._sync._fetcher._buffer))
+                if len(offsets) == 2000:
+                    break
+            assert offsets == list(range(2000))
+            assert max(buffered) < aio_module._FILL_BATCH, max(buffered)
+            assert max(buffered) >= aio_module._FILL_BATCH // 2, max(buffered)
+
+    run(main(), timeout=60)
+
+
 def test_async_for_waiting_for_records_ends_at_close(embedded_kafka: EmbeddedKafka) -> None:
     """An ``async for`` step waiting for records (everything read) ends the iteration when
     another task closes the consumer."""
@@ -326,6 +357,62 @@ def test_async_for_waiting_for_records_ends_at_close(embedded_kafka: EmbeddedKaf
         assert got == list(range(10))
 
     run(main(), timeout=30)
+
+
+def test_members_on_one_loop_share_the_wake_ups_from_the_network_loop(
+    embedded_kafka: EmbeddedKafka,
+) -> None:
+    """Members on one event loop woken by the network loop together (a join of many) cost
+    one ``call_soon_threadsafe`` between them: fewer than the members' wake-ups, with a
+    wake-up serving several members (fails with one call per member)."""
+    from consumer_sdk.runtime import aio as aio_module
+
+    topic, group = "aio-wakes", "aio-wakes-g"
+    embedded_kafka.create_topic(topic, partitions=20)
+    threadsafe_calls: list[object] = []
+    batches: list[int] = []
+
+    class CountingLoop(asyncio.SelectorEventLoop):
+        def call_soon_threadsafe(self, callback: Any, *args: Any, context: Any = None) -> Any:
+            if threading.get_ident() != getattr(self, "_thread_id", None):
+                threadsafe_calls.append(callback)
+            return super().call_soon_threadsafe(callback, *args, context=context)
+
+    original_run = aio_module._LoopWaker._run
+
+    def counting_run(waker: Any) -> None:
+        batches.append(len(waker._members))
+        original_run(waker)
+
+    async def main() -> None:
+        members = [AIOGroupMember(config(embedded_kafka, group)) for _ in range(20)]
+        stop = asyncio.Event()
+
+        async def drive_member(m: AIOGroupMember) -> None:
+            await m.subscribe([topic])
+            while not stop.is_set():
+                await m.poll(0.5)
+
+        tasks = [asyncio.create_task(drive_member(m)) for m in members]
+        await until(
+            lambda: all(m.state is MemberState.STABLE and m.assignment() for m in members),
+            "20 members stable with a partition each",
+            timeout=60,
+        )
+        stop.set()
+        await asyncio.gather(*tasks)
+        await asyncio.gather(*(m.close() for m in members))
+
+    aio_module._LoopWaker._run = counting_run  # type: ignore[method-assign]
+    try:
+        with asyncio.Runner(loop_factory=CountingLoop) as runner:
+            runner.run(asyncio.wait_for(main(), 90))
+    finally:
+        aio_module._LoopWaker._run = original_run  # type: ignore[method-assign]
+    woken = sum(batches)
+    assert woken >= 20, batches
+    assert len(threadsafe_calls) < woken, (len(threadsafe_calls), woken)
+    assert max(batches) > 1, batches
 
 
 def test_cancelled_sync_commit_and_close_still_complete(embedded_kafka: EmbeddedKafka) -> None:
@@ -658,3 +745,23 @@ def test_differential_fencing(embedded_kafka: EmbeddedKafka) -> None:
             )
 
     run(main(), timeout=150)
+
+
+def test_the_wake_up_batcher_of_an_event_loop_goes_with_the_loop() -> None:
+    """`_LoopWaker` keeps no event loop alive (each ``asyncio.run`` makes a new one)."""
+    import gc
+    import weakref
+
+    from consumer_sdk.runtime import aio as aio_module
+
+    loops: list[weakref.ref[asyncio.AbstractEventLoop]] = []
+
+    async def touch() -> None:
+        loop = asyncio.get_running_loop()
+        aio_module._loop_waker(loop)
+        loops.append(weakref.ref(loop))
+
+    for _ in range(3):
+        asyncio.run(touch())
+    gc.collect()
+    assert [ref() for ref in loops] == [None, None, None]
