@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -120,6 +121,58 @@ def _noop_source() -> Any:
             )
 
     return NoopSource
+
+
+def _median_phases(runs: list[tuple[float, float, float]]) -> tuple[float, float, float]:
+    before, triggers, after = zip(*runs, strict=True)
+    return (statistics.median(before), statistics.median(triggers), statistics.median(after))
+
+
+def _counting_source() -> Any:
+    """``kip848`` under another name whose tasks record, per Python worker, how the
+    executor positioned its consumers (``bench.positions``: a directory, local mode)."""
+    from spark_integration.executor import position_counts, read_range
+    from spark_integration.options import SourceOptions
+    from spark_integration.source import Kip848DataSource, Kip848StreamReader
+
+    class CountingReader(Kip848StreamReader):  # type: ignore[misc]
+        positions_dir = ""
+
+        def read(self, partition: Any) -> Any:
+            yield from read_range(partition.value)
+            Path(self.positions_dir, f"{os.getpid()}.json").write_text(
+                json.dumps(position_counts())
+            )
+
+    class CountingSource(Kip848DataSource):  # type: ignore[misc]
+        @classmethod
+        def name(cls) -> str:
+            return "kip848counted"
+
+        def _kip848_options(self) -> dict[str, str]:
+            return {k: v for k, v in self.options.items() if k != "bench.positions"}
+
+        def schema(self) -> Any:
+            return Kip848DataSource(self._kip848_options()).schema()
+
+        def streamReader(self, schema: Any) -> CountingReader:
+            reader = CountingReader(SourceOptions.parse(self._kip848_options()))
+            reader.positions_dir = self.options["bench.positions"]
+            return reader
+
+    return CountingSource
+
+
+def _positions(directory: Path, before: dict[str, int]) -> dict[str, int]:
+    """The workers' position counts summed, minus ``before`` (also updated to the sum)."""
+    total: dict[str, int] = {}
+    for f in directory.glob("*.json"):
+        for k, v in json.loads(f.read_text()).items():
+            total[k] = total.get(k, 0) + v
+    delta = {k: v - before.get(k, 0) for k, v in total.items()}
+    before.clear()
+    before.update(total)
+    return delta
 
 
 def _noop_query(
@@ -233,12 +286,23 @@ def _direct(bootstrap: str, topic: str) -> tuple[int, float]:
 
 
 def _query(
-    spark: Any, bootstrap: str, topic: str, group: str, max_per_trigger: int | None, workdir: Path
+    spark: Any,
+    bootstrap: str,
+    topic: str,
+    group: str,
+    max_per_trigger: int | None,
+    workdir: Path,
+    positions: Path | None = None,
 ) -> tuple[float, float, list[dict[str, Any]]]:
-    """(wall seconds, wall-clock start, progress of the batches with rows)."""
+    """(wall seconds, wall-clock start, progress of the batches with rows); with
+    ``positions``, through the counting source writing there."""
+    reader = spark.readStream
+    if positions is not None:
+        reader = reader.format("kip848counted").option("bench.positions", str(positions))
+    else:
+        reader = reader.format("kip848")
     stream = (
-        spark.readStream.format("kip848")
-        .option("kafka.bootstrap.servers", bootstrap)
+        reader.option("kafka.bootstrap.servers", bootstrap)
         .option("group.id", group)
         .option("subscribe", topic)
         .option("startingOffsets", "earliest")
@@ -388,6 +452,8 @@ def run(quick: bool = False) -> dict[str, Any]:
 
 
 REAL_PARTITIONS = 12
+#: Fixed-cost queries of each kind, alternated; their medians are reported.
+FIXED_RUNS = 3
 
 
 def _map_in_arrow_reader(bootstrap: str, topic: str, ends: dict[int, int]) -> Any:
@@ -462,6 +528,7 @@ def run_real(quick: bool = False) -> dict[str, Any]:
     out: dict[str, Any] = {"records": records}
     spark = _spark()
     spark.dataSource.register(_noop_source())
+    spark.dataSource.register(_counting_source())
     try:
         with KafkaCluster(nodes=1) as kafka, tempfile.TemporaryDirectory() as tmp:
             workdir = Path(tmp)
@@ -475,7 +542,11 @@ def run_real(quick: bool = False) -> dict[str, Any]:
             _produce(bootstrap, "bench-real-fixed", REAL_PARTITIONS, REAL_PARTITIONS)
             ends = {p: records // REAL_PARTITIONS for p in range(REAL_PARTITIONS)}
             _step("warm-up query (Python workers)")
-            _query(spark, bootstrap, "bench-real-warm", "bench-real-warm", None, workdir)
+            positions = workdir / "positions"
+            positions.mkdir()
+            _query(spark, bootstrap, "bench-real-warm", "bench-real-warm", None, workdir, positions)
+            counted: dict[str, int] = {}
+            _positions(positions, counted)
             _step("direct read")
             _direct_all(bootstrap, "bench-real", ends)  # warms the broker's page cache
             direct_s = _direct_all(bootstrap, "bench-real", ends)
@@ -494,8 +565,9 @@ def run_real(quick: bool = False) -> dict[str, Any]:
             job_s = time.perf_counter() - started
             _step("kip848 query")
             wall, t0, progress = _query(
-                spark, bootstrap, "bench-real", "bench-real-g", 500_000, workdir
+                spark, bootstrap, "bench-real", "bench-real-g", 500_000, workdir, positions
             )
+            ranges = _positions(positions, counted)
             assert sum(p["numInputRows"] for p in progress) == records
             add_s = sum(p["durationMs"].get("addBatch", 0) for p in progress) / 1000
             before, triggers_s, after = _phases(wall, t0, progress)
@@ -504,22 +576,29 @@ def run_real(quick: bool = False) -> dict[str, Any]:
                 phase: sum(p["durationMs"].get(phase, 0) for p in progress) / 1000
                 for phase in ("latestOffset", "queryPlanning", "walCommit", "commitOffsets")
             }
-            _step("fixed per-query cost: a 12-record kip848 query and a no-op source query")
+            _step("fixed per-query cost: 12-record kip848 queries and no-op source queries")
             # One record per partition: start to first trigger plus what follows the
             # triggers, for a query that reads almost nothing; the no-op source (no I/O,
             # one batch planned as 12 tasks) on the same session is Spark's floor for it.
-            small_wall, small_t0, small = _query(
-                spark, bootstrap, "bench-real-fixed", "bench-real-fixed", None, workdir
-            )
-            assert sum(p["numInputRows"] for p in small) == REAL_PARTITIONS
-            small_phases = _phases(small_wall, small_t0, small)
-            fixed = small_phases[0] + small_phases[2]
+            # FIXED_RUNS of each, alternated (a busy moment of the machine hits both), medians.
             _noop_query(spark, 12, 1, workdir / "noop-warm", REAL_PARTITIONS)
-            noop_wall, noop_t0, noop = _noop_query(
-                spark, 12, 1, workdir / "noop-fixed", REAL_PARTITIONS
-            )
-            noop_phases = _phases(noop_wall, noop_t0, noop)
-            noop_fixed = noop_phases[0] + noop_phases[2]
+            kip848_runs: list[tuple[float, float, float]] = []
+            noop_runs: list[tuple[float, float, float]] = []
+            for i in range(FIXED_RUNS):
+                group = f"bench-real-fixed-{i}"
+                small_wall, small_t0, small = _query(
+                    spark, bootstrap, "bench-real-fixed", group, None, workdir
+                )
+                assert sum(p["numInputRows"] for p in small) == REAL_PARTITIONS
+                kip848_runs.append(_phases(small_wall, small_t0, small))
+                noop_wall, noop_t0, noop = _noop_query(
+                    spark, 12, 1, workdir / f"noop-fixed-{i}", REAL_PARTITIONS
+                )
+                noop_runs.append(_phases(noop_wall, noop_t0, noop))
+            small_phases = _median_phases(kip848_runs)
+            noop_phases = _median_phases(noop_runs)
+            fixed = statistics.median(b + a for b, _, a in kip848_runs)
+            noop_fixed = statistics.median(b + a for b, _, a in noop_runs)
     finally:
         spark.stop()
     out["direct confluent-kafka -> Arrow (one process), s"] = round(direct_s, 2)
@@ -529,6 +608,9 @@ def run_real(quick: bool = False) -> dict[str, Any]:
     out["ratio kip848 / mapInArrow, by summed addBatch (speed)"] = round(job_s / add_s, 2)
     out["ratio kip848 / direct, by summed addBatch (speed)"] = round(direct_s / add_s, 2)
     out["ratio kip848 / direct, by wall time (speed)"] = round(direct_s / wall, 2)
+    out["kip848 query: ranges continued / seeked / reassigned / created"] = " / ".join(
+        str(ranges.get(k, 0)) for k in ("continued", "seeked", "reassigned", "created")
+    )
     out["kip848 query: before the first trigger / after the triggers, s"] = (
         f"{before:.2f} / {after:.2f}"
     )
@@ -536,11 +618,11 @@ def run_real(quick: bool = False) -> dict[str, Any]:
     out["of which latestOffset / queryPlanning / walCommit / commitOffsets, s"] = " / ".join(
         f"{v:.2f}" for v in beyond.values()
     )
-    out["fixed cost, before the first trigger / after: kip848, no-op source, s"] = (
-        f"{small_phases[0]:.2f} / {small_phases[2]:.2f}, "
+    out[f"fixed cost, median of {FIXED_RUNS}, before first trigger / after: kip848; no-op, s"] = (
+        f"{small_phases[0]:.2f} / {small_phases[2]:.2f}; "
         f"{noop_phases[0]:.2f} / {noop_phases[2]:.2f}"
     )
-    out["fixed per-query cost (start to first trigger + after), kip848 / no-op source, s"] = (
+    out[f"fixed per-query cost (start to first trigger + after), median of {FIXED_RUNS}, s"] = (
         f"{fixed:.2f} / {noop_fixed:.2f}"
     )
     out["ratio fixed per-query cost kip848 / no-op source (cost; goal <= 1.2)"] = round(

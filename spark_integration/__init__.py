@@ -47,7 +47,7 @@ def _require_spark_extra() -> None:
 
 _require_spark_extra()
 
-# Executors import this package to unpickle the reader: keep consumer_sdk (pydantic) and
+# Executors import this package to unpickle the reader: keep consumer_sdk and
 # pyspark out of its import path.
 
 __all__ = [

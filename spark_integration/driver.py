@@ -37,6 +37,8 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 from confluent_kafka import KafkaException, TopicPartition
@@ -117,6 +119,13 @@ def _group_member(config: dict[str, Any]) -> SourceMember:
     return _member_class()(config)
 
 
+def _close_built(built: Future[SourceMember]) -> None:
+    """Close a member created for a reader whose start failed (it leaves its group)."""
+    if built.exception() is None:
+        with contextlib.suppress(Exception):
+            built.result().close(timeout=_CLOSE_TIMEOUT_S)
+
+
 def _names(parts: Iterable[Partition]) -> str:
     by_topic: dict[str, list[int]] = {}
     for t, p in sorted(parts):
@@ -191,20 +200,34 @@ class GroupReader:
         if self._closed:
             raise RuntimeError("the kip848 source reader is closed")
         if self._member is None:
-            existing = self._await_startup()
-            self._scope = set() if self._restarted else existing
             member: SourceMember
             if self.options.membership:
-                factory = self._member_factory or _group_member
-                member = factory(self.options.member_config())
+                # The member is created and joins on its own thread while this one checks
+                # the broker and topics: its rebalance callbacks still run only in this
+                # thread's polls, after the check (they read its result, ``_scope``).
+                building: Future[SourceMember] = Future()
+                threading.Thread(
+                    target=self._build_member, args=(building,), name="kip848-join", daemon=True
+                ).start()
+                try:
+                    existing = self._await_startup()
+                except BaseException:
+                    building.add_done_callback(_close_built)
+                    raise
+                self._scope = set() if self._restarted else existing
+                try:
+                    member = building.result(timeout=self.options.join_timeout_ms / 1000)
+                except FutureTimeout:
+                    building.add_done_callback(_close_built)
+                    raise SourceStartupError(
+                        f"kip848: the group member was not created within "
+                        f"{self.options.join_timeout_ms} ms (joinTimeoutMs)"
+                    ) from None
             else:
+                existing = self._await_startup()
+                self._scope = set() if self._restarted else existing
                 member = AssignedPartitions(self.options)
-            member.subscribe(
-                self.options.subscription,
-                on_assign=self._on_assign,
-                on_revoke=self._on_revoke,
-                on_lost=self._on_lost,
-            )
+                self._subscribe(member)
             self._member = member
             log.info(
                 "kip848: joining group %s for %s",
@@ -226,6 +249,24 @@ class GroupReader:
             )
             self._event("stable", sorted(self._owned), ms=ms, epoch=self._member.member_epoch)
         return self._member
+
+    def _subscribe(self, member: SourceMember) -> None:
+        member.subscribe(
+            self.options.subscription,
+            on_assign=self._on_assign,
+            on_revoke=self._on_revoke,
+            on_lost=self._on_lost,
+        )
+
+    def _build_member(self, result: Future[SourceMember]) -> None:
+        """On the ``kip848-join`` thread: create the group member and subscribe."""
+        try:
+            member = (self._member_factory or _group_member)(self.options.member_config())
+            self._subscribe(member)
+        except BaseException as exc:
+            result.set_exception(exc)
+        else:
+            result.set_result(member)
 
     def _await_startup(self) -> set[Partition]:
         """Wait (joinTimeoutMs) for a broker and the subscribed topics; else a clear error.

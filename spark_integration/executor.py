@@ -1,4 +1,4 @@
-"""Executor side: read one offset range with a cached assign-only consumer, as Arrow batches.
+"""Executor side: read one offset range with a pooled assign-only consumer, as Arrow batches.
 
 The consumers live in this module's globals, so they survive across tasks in a reused
 Python worker (Spark reuses workers; an idle one is killed after a minute, closing them).
@@ -6,7 +6,10 @@ They use the group id ``<group.id>-spark-executor``, never subscribe and never c
 they never join a group. A consumer that finished a range at offset ``n`` keeps its
 prefetched records (bounded by ``queued.max.messages.kbytes``) and continues without a seek
 when the next range of that partition starts at ``n``; pausing it instead costs 0.5-1 s
-per resume in librdkafka.
+per resume in librdkafka. Spark hands a task to any idle Python worker, so a range often
+lands where no consumer of its partition waits: an idle connected consumer of another
+partition is then re-pointed at it (``assign`` with the start offset) rather than a new one
+created (a bootstrap connection, metadata and threads for every range).
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import logging
 import threading
 import time
 from bisect import bisect_left
-from collections import OrderedDict
+from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import repeat
@@ -36,6 +39,7 @@ __all__ = [
     "arrow_schema",
     "cached_consumers",
     "close_cached_consumers",
+    "position_counts",
     "read_range",
     "records_to_batch",
 ]
@@ -124,15 +128,21 @@ class ReadTask:
 
 
 class _Cached:
-    def __init__(self, config: Mapping[str, str]) -> None:
+    def __init__(self, pool: str, config: Mapping[str, str]) -> None:
+        self.pool = pool
         self.consumer = Consumer({**config, "logger": _KAFKA_LOG})
         self.next_offset = -1  # where a paused consumer continues without a seek
-        self.assigned: TopicPartition | None = None
+        self.assigned: tuple[str, int] | None = None
+        # Re-pointed from another partition: its first records are checked to be this one's.
+        self.repointed = False
         self.last_used = time.monotonic()
 
 
 _lock = threading.Lock()
-_cache: OrderedDict[tuple[str, str, int], _Cached] = OrderedDict()
+#: Idle consumers, least recently used first.
+_idle: list[_Cached] = []
+#: How ranges were positioned in this process: continued, seeked, reassigned, created.
+_positions: Counter[str] = Counter()
 
 
 def _close(entry: _Cached) -> None:
@@ -149,42 +159,58 @@ def _pool_key(config: tuple[tuple[str, str], ...]) -> str:
     return json.dumps([kv for kv in config if kv[0] not in ("group.id", "client.id")])
 
 
-def _checkout(config: tuple[tuple[str, str], ...], topic: str, partition: int) -> _Cached:
-    key = (_pool_key(config), topic, partition)
+def _checkout(config: tuple[tuple[str, str], ...], r: OffsetRange) -> _Cached:
+    """The best idle consumer for ``r``: one that stopped at its start, else one of its
+    partition, else any idle one with the same connection settings, else a new one."""
+    pool = _pool_key(config)
     stale: list[_Cached] = []
     with _lock:
         now = time.monotonic()
-        for k in [k for k, e in _cache.items() if now - e.last_used > _IDLE_CLOSE_S]:
-            stale.append(_cache.pop(k))
-        entry = _cache.pop(key, None)
-        while len(_cache) >= _CACHE_CAPACITY:
-            stale.append(_cache.popitem(last=False)[1])
+        stale = [e for e in _idle if now - e.last_used > _IDLE_CLOSE_S]
+        _idle[:] = [e for e in _idle if now - e.last_used <= _IDLE_CLOSE_S]
+        mine = [e for e in _idle if e.pool == pool]
+        same = [e for e in mine if e.assigned == r.tp]
+        entry = next((e for e in same if e.next_offset == r.from_offset), None)
+        entry = entry or (same[0] if same else None) or (mine[0] if mine else None)
+        if entry is not None:
+            _idle.remove(entry)
     for e in stale:
         _close(e)
-    return entry if entry is not None else _Cached(dict(config))
+    return entry if entry is not None else _Cached(pool, dict(config))
 
 
-def _checkin(config: tuple[tuple[str, str], ...], topic: str, partition: int, e: _Cached) -> None:
+def _checkin(e: _Cached) -> None:
     e.last_used = time.monotonic()
     with _lock:
-        key = (_pool_key(config), topic, partition)
-        old = _cache.pop(key, None)
-        _cache[key] = e
-    if old is not None and old is not e:
-        _close(old)
+        # At most one idle consumer per partition and settings (the older one goes).
+        old = [o for o in _idle if o.pool == e.pool and o.assigned == e.assigned]
+        _idle[:] = [o for o in _idle if o not in old]
+        _idle.append(e)
+        while len(_idle) > _CACHE_CAPACITY:
+            old.append(_idle.pop(0))
+    for o in old:
+        _close(o)
 
 
 def cached_consumers() -> int:
     """How many consumers this worker process keeps (for tests and diagnostics)."""
     with _lock:
-        return len(_cache)
+        return len(_idle)
+
+
+def position_counts() -> dict[str, int]:
+    """How this process positioned the consumers of the ranges it read: ``continued``
+    (no seek), ``seeked`` (same partition), ``reassigned`` (an idle consumer of another
+    partition re-pointed) and ``created`` (a new consumer). For benchmarks and diagnostics."""
+    with _lock:
+        return dict(_positions)
 
 
 def close_cached_consumers() -> None:
     """Close every cached consumer of this process."""
     with _lock:
-        entries = list(_cache.values())
-        _cache.clear()
+        entries = list(_idle)
+        _idle.clear()
     for e in entries:
         _close(e)
 
@@ -310,9 +336,9 @@ def read_range(task: ReadTask) -> Iterator[pa.RecordBatch]:
                 pending.append(batch)
                 rows += batch.num_rows
     finally:
-        for (topic, partition), entry in primed.items():  # not read (error, early stop)
+        for entry in primed.values():  # not read (error, early stop)
             entry.next_offset = -1
-            _checkin(task.config, topic, partition, entry)
+            _checkin(entry)
     if pending:
         yield _concat(pending)
 
@@ -323,18 +349,26 @@ def _concat(batches: list[pa.RecordBatch]) -> pa.RecordBatch:
 
 def _position(task: ReadTask, r: OffsetRange) -> _Cached:
     """A consumer of ``r``'s partition positioned at ``r.from_offset`` (fetching from there)."""
-    entry = _checkout(task.config, r.topic, r.partition)
+    entry = _checkout(task.config, r)
     tp = TopicPartition(r.topic, r.partition, r.from_offset)
     try:
-        if entry.assigned is None:
+        if entry.assigned != r.tp:
+            # assign() replaces the previous partition and drops what it prefetched.
+            how = "created" if entry.assigned is None else "reassigned"
+            entry.repointed = entry.assigned is not None
             entry.consumer.assign([tp])
-            entry.assigned = tp
+            entry.assigned = r.tp
         elif entry.next_offset != r.from_offset:
+            how = "seeked"
             entry.consumer.seek(tp)  # drops whatever was prefetched
+        else:
+            how = "continued"
     except BaseException:
         _close(entry)
         raise
     entry.next_offset = -1
+    with _lock:
+        _positions[how] += 1
     return entry
 
 
@@ -352,7 +386,7 @@ def _read_one(
         clean = True
     finally:
         if clean:
-            _checkin(task.config, r.topic, r.partition, entry)
+            _checkin(entry)
         else:
             _close(entry)
 
@@ -369,6 +403,8 @@ def _consume(
         # Never more than the range still needs nor than fits the Arrow batch being filled.
         wanted = min(r.until_offset - position, size - len(cols))
         msgs = entry.consumer.consume(wanted, _CONSUME_SLICE_S)
+        if entry.repointed and msgs:
+            msgs = _only_this_partition(entry, r, msgs)
         offsets = cast(list[int], list(map(_OFFSET, msgs)))  # ints unless an error event
         # (`is not`, not ==: KafkaError's == with None leaves a TypeError set.)
         errors = any(map(is_not, map(_ERROR, msgs), repeat(None)))
@@ -411,6 +447,22 @@ def _consume(
             stall_check = time.monotonic() + _STALL_CHECK_S
     if len(cols):
         yield cols.batch(schema, r.topic, r.partition)
+
+
+def _only_this_partition(entry: _Cached, r: OffsetRange, msgs: list[Message]) -> list[Message]:
+    """Records of ``r``'s partition (and error events) from a consumer re-pointed from
+    another partition. librdkafka drops what a replaced assignment prefetched; this checks
+    it, one record at a time, until a batch holds only this partition's records."""
+    kept = [
+        m
+        for m in msgs
+        if m.error() is not None or (m.partition() == r.partition and m.topic() == r.topic)
+    ]
+    if len(kept) < len(msgs):
+        log.debug("kip848: dropped %d records of a previous assignment", len(msgs) - len(kept))
+    elif any(m.error() is None for m in kept):
+        entry.repointed = False
+    return kept
 
 
 def _consume_slowly(

@@ -175,11 +175,78 @@ def test_a_task_positions_its_consumers_up_front_and_returns_unread_ones(
         reader.close()
         assert cached_consumers() == parts - 1
         assert rows(early) == [(p, o) for p in range(3) for o in range(10)]
-        assert cached_consumers() == parts
+        # Partition 0 had no consumer left: partition 3's idle one was re-pointed to it.
+        assert cached_consumers() == parts - 1
         assert rows(task([(3, 0, 3)])) == [(3, 0), (3, 1), (3, 2)]
     finally:
         close_cached_consumers()
     assert cached_consumers() == 0
+
+
+def test_an_idle_consumer_of_another_partition_is_repointed(
+    embedded_kafka: EmbeddedKafka,
+) -> None:
+    """A range whose partition has no idle consumer in this worker takes an idle connected
+    one of another partition (re-assigned at the range's start) instead of creating one;
+    rows stay exact and the positions are counted."""
+    from spark_integration.executor import (
+        ReadTask,
+        cached_consumers,
+        close_cached_consumers,
+        position_counts,
+        read_range,
+    )
+
+    topic = "ex-repoint"
+    embedded_kafka.create_topic(topic, partitions=3)
+    for p in range(3):
+        embedded_kafka.produce(topic, [f"v{p}-{i}".encode() for i in range(40)], partition=p)
+    opts = SourceOptions.parse(
+        {
+            "kafka.bootstrap.servers": embedded_kafka.bootstrap_servers,
+            "group.id": "ex-repoint-g",
+            "subscribe": topic,
+        }
+    )
+
+    def rows(ranges: list[tuple[int, int, int]]) -> list[tuple[int, int, bytes]]:
+        task = ReadTask.make(
+            [OffsetRange(topic, p, a, b) for p, a, b in ranges],
+            opts.fetch_config("executor"),
+            include_headers=False,
+            fail_on_data_loss=True,
+            poll_timeout_ms=10_000,
+            arrow_batch_size=1000,
+        )
+        table = pa.Table.from_batches(list(read_range(task)))
+        return list(
+            zip(
+                table.column("partition").to_pylist(),
+                table.column("offset").to_pylist(),
+                table.column("value").to_pylist(),
+                strict=True,
+            )
+        )
+
+    def expected(p: int, a: int, b: int) -> list[tuple[int, int, bytes]]:
+        return [(p, o, f"v{p}-{o}".encode()) for o in range(a, b)]
+
+    close_cached_consumers()
+    before = position_counts()
+    try:
+        assert rows([(0, 0, 10)]) == expected(0, 0, 10)
+        assert rows([(1, 5, 20)]) == expected(1, 5, 20)  # partition 0's consumer, re-pointed
+        assert cached_consumers() == 1
+        assert rows([(1, 20, 30)]) == expected(1, 20, 30)  # continues
+        assert rows([(1, 0, 3)]) == expected(1, 0, 3)  # seeks back
+        assert rows([(2, 30, 40)]) == expected(2, 30, 40)
+        assert rows([(0, 10, 12), (1, 3, 5)]) == expected(0, 10, 12) + expected(1, 3, 5)
+        assert cached_consumers() == 2  # the two-partition task needed a second one
+    finally:
+        close_cached_consumers()
+    after = position_counts()
+    delta = {k: after.get(k, 0) - before.get(k, 0) for k in after}
+    assert delta == {"created": 2, "reassigned": 3, "continued": 1, "seeked": 1}
 
 
 def _reference_rows(messages: list[object], include_headers: bool) -> list[dict[str, object]]:
