@@ -169,6 +169,18 @@ class HeartbeatTiming:
         """Backoff still due after a failed attempt (immediate heartbeats respect only this)."""
         return self.backoff_remaining(now_ms) if self._last_failed else 0
 
+    def regular_wait(self, now_ms: int) -> int:
+        """Until a heartbeat on the regular schedule may go: the larger of
+        `interval_remaining` and `backoff_remaining` (one call: read on every poll)."""
+        deadline = self._timer_deadline_ms
+        wait = 0 if deadline is None else deadline - now_ms
+        last = self._last_received_ms
+        if last is not None:
+            backoff = self._backoff_ms - (now_ms - last)
+            if backoff > wait:
+                wait = backoff
+        return wait if wait > 0 else 0
+
     def interval_remaining(self, now_ms: int) -> int:
         if self._timer_deadline_ms is None:
             return 0
@@ -338,12 +350,13 @@ class HeartbeatRequestManager:
         return state in HEARTBEAT_NOW
 
     def _can_send(self, now_ms: int, state: MemberState) -> bool:
-        if self._regular_in_flight():
+        if self._regular_count > 0:
             return False
         timing = self._timing
-        if self._heartbeat_now(state):
+        # `_heartbeat_now`, its call saved for the other states (STABLE: every heartbeat)
+        if self._heartbeat_now(state) if state is S.JOINING else state in HEARTBEAT_NOW:
             return timing.failure_backoff_remaining(now_ms) == 0
-        return timing.interval_remaining(now_ms) == 0 and timing.backoff_remaining(now_ms) == 0
+        return timing.regular_wait(now_ms) == 0
 
     def time_until_next_poll(self, now_ms: int) -> int:
         """How long the host may wait before calling `poll` again."""
@@ -368,13 +381,10 @@ class HeartbeatRequestManager:
             half = (poll_remaining + 1) // 2
         if self._regular_count > 0:
             wait = idle  # the response wakes the host up
-        elif self._heartbeat_now(state):
+        elif self._heartbeat_now(state) if state is S.JOINING else state in HEARTBEAT_NOW:
             wait = timing.failure_backoff_remaining(now_ms)
         else:
-            wait = timing.interval_remaining(now_ms)
-            backoff = timing.backoff_remaining(now_ms)
-            if backoff > wait:
-                wait = backoff
+            wait = timing.regular_wait(now_ms)
         if 0 <= half < wait:
             wait = half
         return wait
@@ -491,7 +501,11 @@ class HeartbeatRequestManager:
     # ------------------------------------------------------------------------------------------
 
     def _pop(self, request: HeartbeatRequest | None) -> _InFlight | None:
-        record = self._take(request)
+        in_flight = self._in_flight
+        if in_flight and in_flight[0].request is request:  # nearly always: the oldest
+            record: _InFlight | None = in_flight.pop(0)
+        else:
+            record = self._take(request)
         if record is not None and record.kind is _Kind.REGULAR:
             self._regular_count -= 1
         return record
@@ -529,8 +543,9 @@ class HeartbeatRequestManager:
             return
         stale = record.generation != m.generation
         if response.error_code == E.NONE:
-            if response.heartbeat_interval_ms > 0:
-                self._timing.update_interval(response.heartbeat_interval_ms, record.sent_ms)
+            interval = response.heartbeat_interval_ms
+            if interval > 0 and interval != self._timing.interval_ms:
+                self._timing.update_interval(interval, record.sent_ms)
             self._timing.on_success(now_ms)
             if record.kind is _Kind.REGULAR:
                 self._unreleased_since_ms = None
@@ -540,7 +555,8 @@ class HeartbeatRequestManager:
                 m.log.debug("Ignoring a heartbeat response from an earlier membership")
             else:
                 m.on_heartbeat_success(now_ms, response)
-                m.maybe_reconcile(now_ms, can_commit=False)
+                if self._sm.state is S.RECONCILING:  # (maybe_reconcile's first test)
+                    m.maybe_reconcile(now_ms, can_commit=False)
                 if self._sm.state is S.JOINING:
                     self._join_answered = m.generation
         else:

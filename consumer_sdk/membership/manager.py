@@ -433,7 +433,8 @@ class MembershipManager:
             self._log.warning(
                 "Broker answered with member id %s; keeping the client's id", response.member_id
             )
-        self._set_epoch(response.member_epoch)
+        if response.member_epoch != self._epoch:
+            self._set_epoch(response.member_epoch)
         if response.assignment is None:
             return
         if state not in ACCEPTS_ASSIGNMENT:
