@@ -245,7 +245,7 @@ class GroupMembership:
         m = self._manager
         if isinstance(event, Poll):
             m.handle_poll(event.now_ms)
-            if not m.closed:
+            if not m._closed:
                 self._heartbeat.reset_poll_timer(event.now_ms)
         elif isinstance(event, Subscribe):
             m.handle_subscribe(now_ms, event)

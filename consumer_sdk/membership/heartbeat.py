@@ -66,12 +66,15 @@ class Failure:
     cause: BaseException | None = field(default=None, compare=False, repr=False)
 
 
-@dataclass(frozen=True, slots=True)
-class PollResult:
-    """What to send now (if anything) and when to call ``poll`` again at the latest."""
+class PollResult(NamedTuple):
+    """What to send now (if anything) and when to call ``poll`` again at the latest (a
+    tuple: one is built per poll, by `_poll_result` in C)."""
 
     request: HeartbeatRequest | None
     next_poll_ms: int
+
+
+_poll_result = partial(tuple.__new__, PollResult)
 
 
 class _Kind(enum.Enum):
@@ -305,11 +308,11 @@ class HeartbeatRequestManager:
         m = self._m
         state = self._sm.state
         if state is S.FATAL:
-            return PollResult(None, self.time_until_next_poll(now_ms))
+            return _poll_result((None, self.time_until_next_poll(now_ms)))
         if not self._coordinator_known or state in NOT_IN_GROUP:
             if not self._coordinator_known:
                 m.on_heartbeat_request_skipped(now_ms, "coordinator unknown")
-            return PollResult(None, self.time_until_next_poll(now_ms))
+            return _poll_result((None, self.time_until_next_poll(now_ms)))
 
         deadline = self._poll_deadline_ms
         if deadline is not None and now_ms >= deadline and state not in LEAVING_STATES:
@@ -324,20 +327,20 @@ class HeartbeatRequestManager:
             # The answer is ignored; the member may rejoin before or after it arrives.
             self._timing.reset()
             self._sent = _SentFields()
-            return PollResult(request, self.time_until_next_poll(now_ms))
+            return _poll_result((request, self.time_until_next_poll(now_ms)))
 
         if state is S.LEAVING:
             if m.leave_epoch() is None:
                 m.on_heartbeat_request_skipped(now_ms, "close option REMAIN_IN_GROUP")
-                return PollResult(None, self.time_until_next_poll(now_ms))
+                return _poll_result((None, self.time_until_next_poll(now_ms)))
             # A leave goes out even if another heartbeat is in flight, and only once.
             request = self._send(now_ms, _Kind.LEAVE)
-            return PollResult(request, self.time_until_next_poll(now_ms))
+            return _poll_result((request, self.time_until_next_poll(now_ms)))
 
         if self._regular_count == 0 and self._can_send(now_ms, state):
             request = self._send(now_ms, _Kind.REGULAR)
-            return PollResult(request, self.time_until_next_poll(now_ms))
-        return PollResult(None, self.time_until_next_poll(now_ms))
+            return _poll_result((request, self.time_until_next_poll(now_ms)))
+        return _poll_result((None, self.time_until_next_poll(now_ms)))
 
     def _heartbeat_now(self, state: MemberState) -> bool:
         """JOINING, ACKNOWLEDGING and LEAVING heartbeat at once, except a join already answered

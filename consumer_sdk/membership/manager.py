@@ -352,9 +352,13 @@ class MembershipManager:
         """The application is inside ``poll()``: run the commit-safe reconciliation pass, then
         join (after subscribe) or rejoin (after going stale)."""
         self._now = now_ms
-        if self._rejected_after_close_or_fatal("poll"):
+        # (the tests of both calls, inline: a stable member's poll makes neither)
+        if (self._closed or self._fatal is not None) and self._rejected_after_close_or_fatal(
+            "poll"
+        ):
             return
-        self.maybe_reconcile(now_ms, can_commit=True)
+        if self._sm.state is S.RECONCILING:
+            self.maybe_reconcile(now_ms, can_commit=True)
         state = self._sm.state
         if state is S.UNSUBSCRIBED and self._subscription_updated and self._subscription:
             self.transition_to_joining("subscribed, first poll")

@@ -471,6 +471,7 @@ class MemberDriver:
         # A manager due before the heartbeat's next run (about one period on) is polled in
         # this one (early is always allowed): the idle managers' waits add no wake-ups.
         horizon = now + self._hb_period
+        commits_polled = everything or due[2] <= horizon
         for i, manager in enumerate(self._managers):
             if everything or due[i] <= horizon:
                 requests, next_ms = manager.poll(now)
@@ -487,7 +488,8 @@ class MemberDriver:
             first = now
         elif not everything:
             self._quiet_run = True
-        self._collect_commits()
+        if commits_polled:  # (else none can have completed since the last outcome)
+            self._collect_commits()
         return first - now
 
     def _wake(self) -> None:

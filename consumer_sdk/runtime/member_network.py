@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 import os
 import random
 import threading
@@ -81,6 +82,11 @@ Partition = tuple[str, int]
 
 # A stable member's poll events only reset the poll timer; see MemberNetwork.note_poll.
 _REBALANCE_POLL_GAP_S = 0.002
+# Long waits (a stable member's next heartbeat) end on a grid, so that one wake-up of the
+# loop serves the members due in the same slot: at most this much later (2% of a 1 s
+# heartbeat interval, the shortest a broker allows; the usual one is 5 s).
+_ALIGN_FROM_MS = 500
+_ALIGN_S = 0.02
 
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
@@ -621,8 +627,17 @@ class MemberNetwork:
         self._publish()
         self._schedule(wait_ms)
 
-    def _schedule(self, wait_ms: int) -> None:
+    @staticmethod
+    def _due_at(wait_ms: int) -> float:
         due = time.monotonic() + max(wait_ms, 0) / 1000
+        if wait_ms >= _ALIGN_FROM_MS:
+            return math.ceil(due / _ALIGN_S) * _ALIGN_S
+        return due
+
+    def _schedule(self, wait_ms: int) -> None:
+        self._schedule_at(self._due_at(wait_ms))
+
+    def _schedule_at(self, due: float) -> None:
         timer = self._timer
         if timer is not None and not timer.cancelled:
             if -0.001 < self._timer_due - due < 0.001:
@@ -711,6 +726,7 @@ class MemberNetwork:
             return False
         # The scheduled run is nearly always the heartbeat's own, set when it was sent: kept
         # unless over a millisecond late (the two differ by the ms rounding of the clock).
-        if time.monotonic() + wait_ms / 1000 < self._timer_due - 0.001:
-            self._schedule(wait_ms)
+        due = self._due_at(wait_ms)
+        if due < self._timer_due - 0.001:
+            self._schedule_at(due)
         return True
