@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import math
 import os
 import random
 import threading
@@ -82,11 +81,6 @@ Partition = tuple[str, int]
 
 # A stable member's poll events only reset the poll timer; see MemberNetwork.note_poll.
 _REBALANCE_POLL_GAP_S = 0.002
-# Long waits (a stable member's next heartbeat) end on a grid, so that one wake-up of the
-# loop serves the members due in the same slot: at most this much later (2% of a 1 s
-# heartbeat interval, the shortest a broker allows; the usual one is 5 s).
-_ALIGN_FROM_MS = 500
-_ALIGN_S = 0.02
 
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
@@ -629,10 +623,7 @@ class MemberNetwork:
 
     @staticmethod
     def _due_at(wait_ms: int) -> float:
-        due = time.monotonic() + max(wait_ms, 0) / 1000
-        if wait_ms >= _ALIGN_FROM_MS:
-            return math.ceil(due / _ALIGN_S) * _ALIGN_S
-        return due
+        return time.monotonic() + max(wait_ms, 0) / 1000
 
     def _schedule(self, wait_ms: int) -> None:
         self._schedule_at(self._due_at(wait_ms))
