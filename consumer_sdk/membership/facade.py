@@ -38,8 +38,11 @@ from consumer_sdk.membership.ids import new_member_id
 from consumer_sdk.membership.manager import MembershipManager
 from consumer_sdk.membership.metrics import MembershipMetrics
 from consumer_sdk.membership.reconciler import LocalAssignment
-from consumer_sdk.membership.stall import handout_deadline_ms, may_hand_out
-from consumer_sdk.membership.state import MemberState
+from consumer_sdk.membership.stall import (
+    DEFAULT_SESSION_TIMEOUT_MS,
+    may_hand_out,
+)
+from consumer_sdk.membership.state import MemberState, StateMachine
 
 
 class GroupMembership:
@@ -96,6 +99,11 @@ class GroupMembership:
     @property
     def state(self) -> MemberState:
         return self._manager.state
+
+    @property
+    def state_machine(self) -> StateMachine:
+        """The member's state machine (``.state`` read without a call: hosts' hot paths)."""
+        return self._manager.state_machine
 
     @property
     def assigned_partitions(self) -> frozenset[TopicPartition]:
@@ -163,7 +171,7 @@ class GroupMembership:
 
     @property
     def heartbeat_interval_ms(self) -> int:
-        return self._heartbeat.timing.interval_ms
+        return self._heartbeat._timing.interval_ms
 
     @property
     def session_timeout_ms(self) -> int:
@@ -204,7 +212,13 @@ class GroupMembership:
         m = self._manager
         hb = self._heartbeat
         state = m._sm.state
-        confirmed = None if state is MemberState.UNSUBSCRIBED else hb.confirmed_sent_ms
+        confirmed = None if state is MemberState.UNSUBSCRIBED else hb._confirmed_sent_ms
+        # `handout_deadline_ms`, inline
+        handout = (
+            None
+            if confirmed is None
+            else confirmed + (hb.session_timeout_ms or DEFAULT_SESSION_TIMEOUT_MS)
+        )
         assigned, revoking = m.held_views()
         return (
             state,
@@ -215,7 +229,7 @@ class GroupMembership:
             hb._coordinator_known,
             hb._timing.interval_ms,
             self.metrics._last_heartbeat_response_ms,
-            handout_deadline_ms(confirmed, hb.effective_session_timeout_ms),
+            handout,
         )
 
     # ------------------------------------------------------------------------------------------
@@ -231,7 +245,7 @@ class GroupMembership:
         m = self._manager
         if isinstance(event, Poll):
             m.handle_poll(event.now_ms)
-            if not m.closed:
+            if not m._closed:
                 self._heartbeat.reset_poll_timer(event.now_ms)
         elif isinstance(event, Subscribe):
             m.handle_subscribe(now_ms, event)
@@ -271,7 +285,9 @@ class GroupMembership:
         events = self.app_events
         while events:  # the network side is the only consumer; mostly empty
             self.handle(events.popleft(), now_ms)
-        self._manager.maybe_reconcile(now_ms, can_commit=False)
+        m = self._manager
+        if m._sm.state is MemberState.RECONCILING:  # (maybe_reconcile's first test, inline)
+            m.maybe_reconcile(now_ms, can_commit=False)
         return self._heartbeat.poll(now_ms)
 
     def time_until_next_poll(self, now_ms: int) -> int:

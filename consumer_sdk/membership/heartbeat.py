@@ -66,12 +66,15 @@ class Failure:
     cause: BaseException | None = field(default=None, compare=False, repr=False)
 
 
-@dataclass(frozen=True, slots=True)
-class PollResult:
-    """What to send now (if anything) and when to call ``poll`` again at the latest."""
+class PollResult(NamedTuple):
+    """What to send now (if anything) and when to call ``poll`` again at the latest (a
+    tuple: one is built per poll, by `_poll_result` in C)."""
 
     request: HeartbeatRequest | None
     next_poll_ms: int
+
+
+_poll_result = partial(tuple.__new__, PollResult)
 
 
 class _Kind(enum.Enum):
@@ -168,6 +171,18 @@ class HeartbeatTiming:
     def failure_backoff_remaining(self, now_ms: int) -> int:
         """Backoff still due after a failed attempt (immediate heartbeats respect only this)."""
         return self.backoff_remaining(now_ms) if self._last_failed else 0
+
+    def regular_wait(self, now_ms: int) -> int:
+        """Until a heartbeat on the regular schedule may go: the larger of
+        `interval_remaining` and `backoff_remaining` (one call: read on every poll)."""
+        deadline = self._timer_deadline_ms
+        wait = 0 if deadline is None else deadline - now_ms
+        last = self._last_received_ms
+        if last is not None:
+            backoff = self._backoff_ms - (now_ms - last)
+            if backoff > wait:
+                wait = backoff
+        return wait if wait > 0 else 0
 
     def interval_remaining(self, now_ms: int) -> int:
         if self._timer_deadline_ms is None:
@@ -293,11 +308,11 @@ class HeartbeatRequestManager:
         m = self._m
         state = self._sm.state
         if state is S.FATAL:
-            return PollResult(None, self.time_until_next_poll(now_ms))
+            return _poll_result((None, self.time_until_next_poll(now_ms)))
         if not self._coordinator_known or state in NOT_IN_GROUP:
             if not self._coordinator_known:
                 m.on_heartbeat_request_skipped(now_ms, "coordinator unknown")
-            return PollResult(None, self.time_until_next_poll(now_ms))
+            return _poll_result((None, self.time_until_next_poll(now_ms)))
 
         deadline = self._poll_deadline_ms
         if deadline is not None and now_ms >= deadline and state not in LEAVING_STATES:
@@ -312,20 +327,20 @@ class HeartbeatRequestManager:
             # The answer is ignored; the member may rejoin before or after it arrives.
             self._timing.reset()
             self._sent = _SentFields()
-            return PollResult(request, self.time_until_next_poll(now_ms))
+            return _poll_result((request, self.time_until_next_poll(now_ms)))
 
         if state is S.LEAVING:
             if m.leave_epoch() is None:
                 m.on_heartbeat_request_skipped(now_ms, "close option REMAIN_IN_GROUP")
-                return PollResult(None, self.time_until_next_poll(now_ms))
+                return _poll_result((None, self.time_until_next_poll(now_ms)))
             # A leave goes out even if another heartbeat is in flight, and only once.
             request = self._send(now_ms, _Kind.LEAVE)
-            return PollResult(request, self.time_until_next_poll(now_ms))
+            return _poll_result((request, self.time_until_next_poll(now_ms)))
 
         if self._regular_count == 0 and self._can_send(now_ms, state):
             request = self._send(now_ms, _Kind.REGULAR)
-            return PollResult(request, self.time_until_next_poll(now_ms))
-        return PollResult(None, self.time_until_next_poll(now_ms))
+            return _poll_result((request, self.time_until_next_poll(now_ms)))
+        return _poll_result((None, self.time_until_next_poll(now_ms)))
 
     def _heartbeat_now(self, state: MemberState) -> bool:
         """JOINING, ACKNOWLEDGING and LEAVING heartbeat at once, except a join already answered
@@ -338,12 +353,13 @@ class HeartbeatRequestManager:
         return state in HEARTBEAT_NOW
 
     def _can_send(self, now_ms: int, state: MemberState) -> bool:
-        if self._regular_in_flight():
+        if self._regular_count > 0:
             return False
         timing = self._timing
-        if self._heartbeat_now(state):
+        # `_heartbeat_now`, its call saved for the other states (STABLE: every heartbeat)
+        if self._heartbeat_now(state) if state is S.JOINING else state in HEARTBEAT_NOW:
             return timing.failure_backoff_remaining(now_ms) == 0
-        return timing.interval_remaining(now_ms) == 0 and timing.backoff_remaining(now_ms) == 0
+        return timing.regular_wait(now_ms) == 0
 
     def time_until_next_poll(self, now_ms: int) -> int:
         """How long the host may wait before calling `poll` again."""
@@ -368,13 +384,10 @@ class HeartbeatRequestManager:
             half = (poll_remaining + 1) // 2
         if self._regular_count > 0:
             wait = idle  # the response wakes the host up
-        elif self._heartbeat_now(state):
+        elif self._heartbeat_now(state) if state is S.JOINING else state in HEARTBEAT_NOW:
             wait = timing.failure_backoff_remaining(now_ms)
         else:
-            wait = timing.interval_remaining(now_ms)
-            backoff = timing.backoff_remaining(now_ms)
-            if backoff > wait:
-                wait = backoff
+            wait = timing.regular_wait(now_ms)
         if 0 <= half < wait:
             wait = half
         return wait
@@ -491,7 +504,11 @@ class HeartbeatRequestManager:
     # ------------------------------------------------------------------------------------------
 
     def _pop(self, request: HeartbeatRequest | None) -> _InFlight | None:
-        record = self._take(request)
+        in_flight = self._in_flight
+        if in_flight and in_flight[0].request is request:  # nearly always: the oldest
+            record: _InFlight | None = in_flight.pop(0)
+        else:
+            record = self._take(request)
         if record is not None and record.kind is _Kind.REGULAR:
             self._regular_count -= 1
         return record
@@ -529,8 +546,9 @@ class HeartbeatRequestManager:
             return
         stale = record.generation != m.generation
         if response.error_code == E.NONE:
-            if response.heartbeat_interval_ms > 0:
-                self._timing.update_interval(response.heartbeat_interval_ms, record.sent_ms)
+            interval = response.heartbeat_interval_ms
+            if interval > 0 and interval != self._timing.interval_ms:
+                self._timing.update_interval(interval, record.sent_ms)
             self._timing.on_success(now_ms)
             if record.kind is _Kind.REGULAR:
                 self._unreleased_since_ms = None
@@ -540,7 +558,8 @@ class HeartbeatRequestManager:
                 m.log.debug("Ignoring a heartbeat response from an earlier membership")
             else:
                 m.on_heartbeat_success(now_ms, response)
-                m.maybe_reconcile(now_ms, can_commit=False)
+                if self._sm.state is S.RECONCILING:  # (maybe_reconcile's first test)
+                    m.maybe_reconcile(now_ms, can_commit=False)
                 if self._sm.state is S.JOINING:
                     self._join_answered = m.generation
         else:

@@ -352,9 +352,13 @@ class MembershipManager:
         """The application is inside ``poll()``: run the commit-safe reconciliation pass, then
         join (after subscribe) or rejoin (after going stale)."""
         self._now = now_ms
-        if self._rejected_after_close_or_fatal("poll"):
+        # (the tests of both calls, inline: a stable member's poll makes neither)
+        if (self._closed or self._fatal is not None) and self._rejected_after_close_or_fatal(
+            "poll"
+        ):
             return
-        self.maybe_reconcile(now_ms, can_commit=True)
+        if self._sm.state is S.RECONCILING:
+            self.maybe_reconcile(now_ms, can_commit=True)
         state = self._sm.state
         if state is S.UNSUBSCRIBED and self._subscription_updated and self._subscription:
             self.transition_to_joining("subscribed, first poll")
@@ -433,7 +437,8 @@ class MembershipManager:
             self._log.warning(
                 "Broker answered with member id %s; keeping the client's id", response.member_id
             )
-        self._set_epoch(response.member_epoch)
+        if response.member_epoch != self._epoch:
+            self._set_epoch(response.member_epoch)
         if response.assignment is None:
             return
         if state not in ACCEPTS_ASSIGNMENT:

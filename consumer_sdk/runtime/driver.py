@@ -46,6 +46,7 @@ from consumer_sdk.membership import (
     FailureKind,
     GroupMembership,
     MemberState,
+    Poll,
 )
 from consumer_sdk.membership.requests import (
     Api,
@@ -264,9 +265,10 @@ class MemberDriver:
     ) -> None:
         self.config = config
         self.core = core
+        self._sm = core.state_machine  # ``self._sm.state``: the member's state
         self.transport = transport
         self.shared = shared
-        self._wake = wake
+        self._host_wake = wake
         #: Commit ids (the host may hand them out ahead, from any thread: `commit` takes one).
         self._ids = ids if ids is not None else itertools.count(1).__next__
         self.coordinator = CoordinatorManager(config.group_id, backoff())
@@ -300,6 +302,14 @@ class MemberDriver:
         self._session_asked = False
         self._session_wanted = False
         self.stopped = False
+        # When (host ms) each manager is next due, in `_managers` order, and whether the next
+        # run polls them all (something was fed in since the last run; see `run`).
+        self._due = [0, 0, 0, 0, 0]
+        # The heartbeat manager's wait after its last send (ms): about the interval.
+        self._hb_period = 0
+        self._poll_all = True
+        # The last call was such a timer run that left the member STABLE (see `snapshot`).
+        self._quiet_run = False
         # The request managers, in the order a run polls them (see `run`).
         heartbeat = _HeartbeatRequests(self)
         coordinator = _CoordinatorRequests(self)
@@ -319,11 +329,30 @@ class MemberDriver:
             Api.HEARTBEAT: heartbeat,
         }
 
-    def snapshot(self, events_taken: int = 0, commits_taken: int = 0) -> MemberSnapshot:
+    def snapshot(
+        self, events_taken: int = 0, commits_taken: int = 0, prev: MemberSnapshot | None = None
+    ) -> MemberSnapshot:
+        """The member as of now. ``prev``: the snapshot taken after the driver's previous
+        call; after a stable member's timer run (see `run`) only the heartbeat's and the
+        commits' fields can differ from it, and the core is not read again."""
+        if prev is not None and self._quiet_run:
+            # tuple.__new__: the NamedTuple's own constructor adds a call (twice per beat)
+            return tuple.__new__(
+                MemberSnapshot,
+                (
+                    *prev[:7],
+                    self.heartbeat_in_flight,
+                    self.heartbeat_due_ms,
+                    self.commits.pending,
+                    prev[10],
+                    events_taken,
+                    commits_taken,
+                    prev[13],
+                ),
+            )
         state, member_id, epoch, assigned, pending, known, interval, answered, handout = (
             self.core.published()
         )
-        # tuple.__new__: the NamedTuple's own constructor adds a call (twice per heartbeat)
         return tuple.__new__(
             MemberSnapshot,
             (
@@ -347,6 +376,11 @@ class MemberDriver:
     # -- application events (the host calls these on the driver's thread) ---------------------
 
     def submit(self, event: ApplicationEvent) -> None:
+        # A stable member's Poll only resets the poll timer: the heartbeat manager, polled
+        # on every run, takes it in (see `run`).
+        if type(event) is not Poll:
+            self._poll_all = True
+        self._quiet_run = False
         self.core.submit(event)
 
     def commit(
@@ -364,6 +398,8 @@ class MemberDriver:
         `CommitRequestManager.commit`."""
         if commit_id is None:
             commit_id = self._ids()
+        self._poll_all = True
+        self._quiet_run = False
         self.commits.commit(
             now_ms, offsets, kind, timeout_ms, epoch, releasing=releasing, commit_id=commit_id
         )
@@ -373,10 +409,14 @@ class MemberDriver:
     def fetch_offsets(self, fetch_id: int, request: OffsetFetchRequest, deadline_ms: int) -> None:
         """Queue an OffsetFetch to the coordinator (found first if needed); it ends with a
         `FetchDone`, at the latest at ``deadline_ms``."""
+        self._poll_all = True
+        self._quiet_run = False
         self._fetches.append(_Fetch(fetch_id, request, deadline_ms))
 
     def observe_committed(self, response: OffsetFetchResponse) -> None:
         """An OffsetFetch answer's offsets become the commits' no-regression floor."""
+        self._poll_all = True
+        self._quiet_run = False
         self.commits.observe_committed(
             {
                 (r.topic, r.partition): r.offset
@@ -386,38 +426,77 @@ class MemberDriver:
         )
 
     def forget_committed(self, partitions: set[Partition]) -> None:
+        self._poll_all = True
+        self._quiet_run = False
         self.commits.forget(partitions)
 
     def request_metadata(self, topics: Sequence[str]) -> None:
+        self._poll_all = True
+        self._quiet_run = False
         self.metadata.request(topics)
 
     def fail(self) -> None:
         """The member failed: pending OffsetFetches end with the caller's own error."""
+        self._poll_all = True
+        self._quiet_run = False
         self.stopped = True
         self._fetches.clear()
 
     # -- a run ---------------------------------------------------------------------------------
 
     def run(self, now: int) -> int:
-        """Poll every request manager in order (coordinator, metadata, commits, offset
+        """Poll the request managers in order (coordinator, metadata, commits, offset
         fetches, heartbeat), hand what each asks for to the transport, and return how long
         (ms) the host may wait before the next run: the smallest of their waits, at most
         ``_IDLE_MS``. Commits go out before the heartbeat of the same run, over the same
         connection (the broker answers one connection's requests in order): an asynchronous
         commit made before a leave (say, in on_revoke of close()) is applied before the
-        leave, with the epoch it was made under."""
+        leave, with the epoch it was made under.
+
+        Every manager is polled after anything was fed in (an application event other than a
+        stable member's `Poll`, a commit, a request, an outcome not a quiet heartbeat answer, a
+        wake-up) and whenever the member is not STABLE. Otherwise (a stable member's timer)
+        only the managers whose wait has run out are (the heartbeat's, nearly always), in the
+        same order: the others' waits were computed with nothing changed since (Java's
+        ``ConsumerNetworkThread`` keeps the managers' ``maximumTimeToWait`` the same way)."""
         if self._fetches:
             self._expire_fetches(now)
         send = self.transport.send
-        wait = _IDLE_MS
-        for manager in self._managers:
-            requests, next_ms = manager.poll(now)
-            for request in requests:
-                send(request)
-            if next_ms < wait:
-                wait = next_ms
-        self._collect_commits()
-        return wait
+        due = self._due
+        sm = self._sm
+        stable = sm.state is MemberState.STABLE
+        everything = self._poll_all or not stable
+        self._poll_all = self._quiet_run = False
+        first = _IDLE_MS + now
+        # A manager due before the heartbeat's next run (about one period on) is polled in
+        # this one (early is always allowed): the idle managers' waits add no wake-ups.
+        horizon = now + self._hb_period
+        commits_polled = everything or due[2] <= horizon
+        for i, manager in enumerate(self._managers):
+            if everything or due[i] <= horizon:
+                requests, next_ms = manager.poll(now)
+                for request in requests:
+                    send(request)
+                due[i] = when = now + (next_ms if next_ms < _IDLE_MS else _IDLE_MS)
+            else:
+                when = due[i]
+            if when < first:
+                first = when
+        if stable and sm.state is not MemberState.STABLE:
+            # The heartbeat manager's poll changed the state (the others read it): a full run.
+            self._poll_all = True
+            first = now
+        elif not everything:
+            self._quiet_run = True
+        if commits_polled:  # (else none can have completed since the last outcome)
+            self._collect_commits()
+        return first - now
+
+    def _wake(self) -> None:
+        """Another member's shared lookup answered for this one: run it (all managers)."""
+        self._poll_all = True
+        self._quiet_run = False
+        self._host_wake()
 
     def _owned(self) -> frozenset[Partition]:
         """The partitions the member holds and is not giving up."""
@@ -523,6 +602,8 @@ class MemberDriver:
         if earlier."""
         if request.api is Api.HEARTBEAT:  # the hot path
             return self._on_heartbeat(now, request.payload, response, None)
+        self._poll_all = True
+        self._quiet_run = False
         self._by_api[request.api].on_response(now, request, response)
         return 0
 
@@ -530,6 +611,8 @@ class MemberDriver:
         """``request`` got no answer (see `on_response` for the value returned)."""
         if request.api is Api.HEARTBEAT:
             return self._on_heartbeat(now, request.payload, None, failure)
+        self._poll_all = True
+        self._quiet_run = False
         self._by_api[request.api].on_failure(now, request, failure)
         return 0
 
@@ -542,8 +625,10 @@ class MemberDriver:
     ) -> int:
         if self.stopped:
             return 0
+        self._quiet_run = False
         core = self.core
-        was_stable = core.state is MemberState.STABLE
+        sm = self._sm
+        was_stable = sm.state is MemberState.STABLE
         if response is not None:
             core.on_heartbeat_response(now, response, request)
             if self._hb_conn is None:
@@ -566,15 +651,17 @@ class MemberDriver:
             and response is not None
             and response.error_code == 0
             and response.assignment is None
-            and core.state is MemberState.STABLE
+            and sm.state is MemberState.STABLE
             and not core.app_events
             and not core.background_events
             and not self.commits.awaiting_epoch
         )
         if quiet:
             wait_ms = core.time_until_next_poll(now)
-            self.heartbeat_due_ms = now + wait_ms
+            self.heartbeat_due_ms = self._due[4] = now + wait_ms
             return wait_ms
+        self._poll_all = True
+        self._quiet_run = False
         # Fenced, fatal or stale: the partitions are lost now, not when on_lost runs in the
         # next poll(); records of theirs still buffered must not reach the application.
         pending = core.pending_revocation
@@ -861,6 +948,7 @@ class _HeartbeatRequests:
             return _NOTHING, next_ms
         target = d.coordinator.coordinator
         d.heartbeat_in_flight = True
+        d._hb_period = next_ms
         if target is not None:
             d._hb_target = (target.node_id, target.host, target.port)
         return (Outbound(Api.HEARTBEAT, request, target, d._timeout_ms(True)),), next_ms

@@ -428,7 +428,8 @@ class GroupMember:
         net = self._net
         if self._closed or self._fatal is not None or net.failure is not None:
             self._ensure_usable()
-        net.note_poll()
+        if time.monotonic() >= net.poll_note_due:  # (else note_poll would do nothing)
+            net.note_poll()
         if timeout == 0 and not net.background_events and not self._app_callbacks:
             return None  # the usual poll(0): nothing happened (no lock, no loop round trip)
         self._run_until(_never, _wait_seconds(timeout), stop_after_callback=True)

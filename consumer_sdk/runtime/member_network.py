@@ -234,6 +234,9 @@ class MemberNetwork:
         self._timer_due = 0.0
         self._wake_queued = False
         self._last_poll_event = 0.0
+        #: Until when (``time.monotonic()``) `note_poll` would do nothing: a stable member's
+        #: application may skip the call before then (0.0 while not STABLE).
+        self.poll_note_due = 0.0
         self._stable_poll_gap = min(1.0, c.max_poll_interval_ms / 4000)
         self._stopped = False
         self._snapshot: MemberSnapshot = self._driver.snapshot(0)
@@ -297,11 +300,16 @@ class MemberNetwork:
         if gap < _REBALANCE_POLL_GAP_S:
             return
         if self._snapshot.state is MemberState.STABLE:
-            if gap < self._stable_poll_gap:
-                return
-            self._last_poll_event = now
-            self._post(Poll(_now_ms()), wake=False)
+            if gap >= self._stable_poll_gap:
+                self._last_poll_event = now
+                self._post(Poll(_now_ms()), wake=False)
+            self.poll_note_due = self._last_poll_event + self._stable_poll_gap
+            # The loop clears it when it publishes another state: if it did so before the
+            # line above, clear it here (else the next polls of a rebalance would not count).
+            if self._snapshot.state is not MemberState.STABLE:
+                self.poll_note_due = 0.0
             return
+        self.poll_note_due = 0.0
         self._last_poll_event = now
         self._post(Poll(_now_ms()))
 
@@ -601,7 +609,8 @@ class MemberNetwork:
         if self._stopped:
             return
         now = _now_ms()
-        self._take_inbox(now)
+        if self._inbox:
+            self._take_inbox(now)
         wait_ms = self._driver.run(now)
         reaper = self._reaper
         if self._commit_waiters or self._fetch_waiters:
@@ -612,19 +621,28 @@ class MemberNetwork:
         self._publish()
         self._schedule(wait_ms)
 
+    @staticmethod
+    def _due_at(wait_ms: int) -> float:
+        return time.monotonic() + max(wait_ms, 0) / 1000
+
     def _schedule(self, wait_ms: int) -> None:
-        due = time.monotonic() + max(wait_ms, 0) / 1000
-        if self._timer is not None and not self._timer.cancelled:
-            if abs(self._timer_due - due) < 0.001:
+        self._schedule_at(self._due_at(wait_ms))
+
+    def _schedule_at(self, due: float) -> None:
+        timer = self._timer
+        if timer is not None and not timer.cancelled:
+            if -0.001 < self._timer_due - due < 0.001:
                 return
-            self._timer.cancel()
+            timer.cancelled = True  # (a fired one too: no call)
         self._timer_due = due
         self._timer = self._loop.call_at(due, self._run)
 
     def _publish(self) -> None:
         """Publish the snapshot, then hand the application what the driver has for it."""
         driver = self._driver
-        self._snapshot = driver.snapshot(self._taken, self._commits_taken)
+        self._snapshot = snap = driver.snapshot(self._taken, self._commits_taken, self._snapshot)
+        if snap.state is not MemberState.STABLE:
+            self.poll_note_due = 0.0  # every poll of a rebalance counts (see note_poll)
         notify = False
         if driver.outbox:
             notify = self._deliver(driver.outbox)
@@ -697,6 +715,9 @@ class MemberNetwork:
         timer = self._timer
         if self._wake_queued or timer is None or timer.cancelled:
             return False
-        if time.monotonic() + wait_ms / 1000 < self._timer_due:
-            self._schedule(wait_ms)
+        # The scheduled run is nearly always the heartbeat's own, set when it was sent: kept
+        # unless over a millisecond late (the two differ by the ms rounding of the clock).
+        due = self._due_at(wait_ms)
+        if due < self._timer_due - 0.001:
+            self._schedule_at(due)
         return True

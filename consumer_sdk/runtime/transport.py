@@ -80,12 +80,28 @@ class LoopTransport:
 
     def send(self, request: Outbound) -> None:
         api = request.api
+        coordinator = request.coordinator
+        if (
+            api is Api.HEARTBEAT
+            and coordinator is not None
+            and self.heartbeat_sent is None
+            and self.heartbeat_trace is None
+        ):  # the hot path: what the general one below does for it, inline
+            conn = self.conns.get((coordinator.host, coordinator.port))
+            if conn is None:
+                conn = self._conn(coordinator.host, coordinator.port)
+            self._loop.request(
+                conn,
+                HeartbeatCall(request.payload, _ENCODER, self._client_id),
+                partial(self._deliver, request),
+                request.timeout_ms / 1000,
+            )
+            return
         done: Callable[[Any, KafkaException | None], None]
         if api is Api.FIND_COORDINATOR or api is Api.METADATA or api is Api.GROUP_SESSION_TIMEOUT:
             host, port = self._bootstrap[self._bootstrap_index % len(self._bootstrap)]
             done = self._from_any_broker(request)
         else:
-            coordinator = request.coordinator
             if coordinator is None:
                 error = KafkaTransportError("the group coordinator is unknown")
                 self._loop.call_soon(lambda: self._deliver(request, None, error))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import random
 from collections.abc import Hashable
 from dataclasses import dataclass
+from typing import Any
 
 from consumer_sdk.domain import (
     Coordinator,
@@ -260,3 +261,44 @@ def test_the_groups_session_timeout_is_asked_once_and_retried_after_a_failure() 
     d._coordinator_found(0)
     d.run(0)
     assert len(t.session_asks) == 2
+
+
+def test_a_stable_members_timer_run_polls_only_the_managers_due() -> None:
+    """Between events, a stable member's heartbeat run polls the heartbeat's manager (the
+    idle ones once per several beats); a commit makes the next run poll every manager, in
+    order, the commit before the heartbeat."""
+    d, t = joined()
+    t.take()
+    polled: list[str] = []
+
+    class Counting:
+        def __init__(self, inner: Any) -> None:
+            self.inner = inner
+
+        def poll(self, now: int) -> Any:
+            polled.append(type(self.inner).__name__)
+            return self.inner.poll(now)
+
+    d._managers = tuple(Counting(m) for m in d._managers)  # type: ignore[misc]
+    now = 0
+    runs: list[list[str]] = []
+    wait = d.run(now)
+    for _ in range(12):  # quiet beats: each answer only reschedules, each timer run sends
+        now += wait
+        polled.clear()
+        wait = d.run(now)
+        runs.append(list(polled))
+        sent = t.take()
+        if sent:
+            (hb,) = sent
+            assert hb.api is Api.HEARTBEAT
+            now += 2
+            wait = d.on_response(now, hb, HeartbeatResponse(0, 5, 1000))
+            assert wait > 0  # quiet
+    assert sum(r == ["_HeartbeatRequests"] for r in runs) >= 6, runs
+    assert all(r[-1] == "_HeartbeatRequests" for r in runs)
+    polled.clear()
+    d.commit(now, {("t", 0): Off(7)}, CommitKind.ASYNC, epoch=5)
+    d.run(now)
+    assert len(polled) == 5
+    assert [r.api for r in t.take()] == [Api.OFFSET_COMMIT]
