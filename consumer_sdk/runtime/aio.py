@@ -11,8 +11,8 @@ awaits:
   (``call_soon_threadsafe``), never a thread per call;
 * records wake it through librdkafka's IO event on the fetcher's queue (a byte written to a
   pipe that the event loop watches with ``add_reader``); taking them is a non-blocking call,
-  made once librdkafka's queue holds a batch or 1 ms after it first held fewer
-  (`AIOConsumer._hold`: the wait takes nothing);
+  made, after a take found the queue empty, once it holds a batch or 1 ms after it first
+  held fewer (`AIOConsumer._hold`: the wait takes nothing);
 * OffsetCommit and OffsetFetch are `Completion`\\ s of the network loop, bridged to asyncio
   futures and awaited with their deadline.
 
@@ -622,8 +622,10 @@ class AIOConsumer(AIOGroupMember):
         super().__init__(config)
         self._next_buffered = self._sync._fetcher.next_buffered
         self._io: QueueIoEvent | None = None
-        # End of the current wait for a short queue to fill (`_hold`; 0: none).
+        # End of the current wait for a short queue to fill (`_hold`; 0: none), and whether
+        # the last take found librdkafka's queue empty (only then is the wait made).
         self._linger_until = 0.0
+        self._drained = False
         self._pipe: tuple[int, int] | None = None
         fetcher = self._sync._fetcher
         read_fd, write_fd = os.pipe()
@@ -653,15 +655,16 @@ class AIOConsumer(AIOGroupMember):
 
     def _hold(self, wanted: int, deadline: float) -> float:
         """How long to leave the records queued in librdkafka before taking them (0: take
-        now). Fewer than ``wanted`` queued, and the fetcher's buffer empty: librdkafka is
-        likely still putting a fetch response on the queue, and taking at once would wake
-        the event loop for a few records each time (measured: thousands of wake-ups of a
-        few records in a 200,000-record read). So up to `_LINGER_S` from the first such
-        look, bounded by ``deadline``, as librdkafka's own batch call waits for a batch
-        (`Consumer.consume`). Nothing queued: take now (the empty take re-arms the IO
-        event)."""
+        now). After a take found the queue empty (the IO event woke the loop), fewer than
+        ``wanted`` queued and the fetcher's buffer empty: librdkafka is likely still putting
+        a fetch response on the queue, and taking at once would wake the event loop for a
+        few records each time (measured: thousands of wake-ups of a few records in a
+        200,000-record read). So up to `_LINGER_S` from the first such look, bounded by
+        ``deadline``, as librdkafka's own batch call waits for a batch (`Consumer.consume`).
+        While takes keep finding records, no wait (it would idle the loop); nothing queued:
+        take now (the empty take re-arms the IO event)."""
         io = self._io
-        if io is None or self._sync._fetcher.buffered:
+        if io is None or not self._drained or self._sync._fetcher.buffered:
             return 0.0
         queued = io.length()
         now = _monotonic()
@@ -704,7 +707,9 @@ class AIOConsumer(AIOGroupMember):
             if hold <= 0:
                 msg = fetcher.poll(0, None, _FILL_BATCH)
                 if msg is not None:
+                    self._drained = False
                     return msg
+                self._drained = True
             remaining = deadline - time.monotonic()
             if remaining <= 0 or (until_close and (self._closing is not None or s._closed)):
                 return None
@@ -731,7 +736,9 @@ class AIOConsumer(AIOGroupMember):
             if hold <= 0:
                 msgs = fetcher.consume(num_messages, 0)
                 if msgs:
+                    self._drained = False
                     return msgs
+                self._drained = True
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return fetcher.consume(num_messages, 0) if hold > 0 else []
