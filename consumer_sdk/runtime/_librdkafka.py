@@ -64,6 +64,7 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "rd_kafka_queue_yield": (None, [_c_void_p]),
     "rd_kafka_queue_destroy": (None, [_c_void_p]),
     "rd_kafka_queue_io_event_enable": (None, [_c_void_p, ctypes.c_int, _c_void_p, ctypes.c_size_t]),
+    "rd_kafka_queue_length": (ctypes.c_size_t, [_c_void_p]),
 }
 
 _RD_KAFKA_CONSUMER = 1
@@ -228,6 +229,13 @@ class QueueIoEvent:
         self._queue: int | None = queue
         self._lock = threading.Lock()
         lib.rd_kafka_queue_io_event_enable(queue, fd, ctypes.addressof(self._PAYLOAD), 1)
+        self._length = lib.rd_kafka_queue_length
+
+    def length(self) -> int:
+        """Ops (records, error events) waiting on the queue now (0 once closed); no wait, no
+        lock but librdkafka's own queue lock."""
+        queue = self._queue
+        return self._length(queue) if queue is not None else 0
 
     def close(self) -> None:
         with self._lock:

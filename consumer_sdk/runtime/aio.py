@@ -10,7 +10,9 @@ awaits:
   errors) wakes the event loop through the member's ``app_waker``
   (``call_soon_threadsafe``), never a thread per call;
 * records wake it through librdkafka's IO event on the fetcher's queue (a byte written to a
-  pipe that the event loop watches with ``add_reader``); taking them is a non-blocking call;
+  pipe that the event loop watches with ``add_reader``); taking them is a non-blocking call,
+  made, after a take found the queue empty, once it holds a batch or 1 ms after it first
+  held fewer (`AIOConsumer._hold`: the wait takes nothing);
 * OffsetCommit and OffsetFetch are `Completion`\\ s of the network loop, bridged to asyncio
   futures and awaited with their deadline.
 
@@ -91,6 +93,9 @@ _YIELD_EVERY_S = 0.0003
 # so a fill stays well inside one `_YIELD_EVERY_S` turn (256 took ~0.45 ms: the loop-held
 # p99 of a 1 ms ticker was ~1.5 ms, ~1.05 with 96, as a busy loop without the SDK).
 _FILL_BATCH = 96
+# The longest records queued in librdkafka are left there for more to arrive (see
+# `AIOConsumer._hold`): the most latency it adds to a record.
+_LINGER_S = 0.001
 _monotonic = time.monotonic
 _FETCH_ERRORS = (BrokerResponseError, KafkaTransportError, KafkaTimeoutError, ProtocolError)
 
@@ -617,6 +622,10 @@ class AIOConsumer(AIOGroupMember):
         super().__init__(config)
         self._next_buffered = self._sync._fetcher.next_buffered
         self._io: QueueIoEvent | None = None
+        # End of the current wait for a short queue to fill (`_hold`; 0: none), and whether
+        # the last take found librdkafka's queue empty (only then is the wait made).
+        self._linger_until = 0.0
+        self._drained = False
         self._pipe: tuple[int, int] | None = None
         fetcher = self._sync._fetcher
         read_fd, write_fd = os.pipe()
@@ -644,6 +653,32 @@ class AIOConsumer(AIOGroupMember):
     def _slice(self) -> float:
         return min(super()._slice(), _RECORD_SLICE_S)
 
+    def _hold(self, wanted: int, deadline: float) -> float:
+        """How long to leave the records queued in librdkafka before taking them (0: take
+        now). After a take found the queue empty (the IO event woke the loop), fewer than
+        ``wanted`` queued and the fetcher's buffer empty: librdkafka is likely still putting
+        a fetch response on the queue, and taking at once would wake the event loop for a
+        few records each time (measured: thousands of wake-ups of a few records in a
+        200,000-record read). So up to `_LINGER_S` from the first such look, bounded by
+        ``deadline``, as librdkafka's own batch call waits for a batch (`Consumer.consume`).
+        While takes keep finding records, no wait (it would idle the loop); nothing queued:
+        take now (the empty take re-arms the IO event)."""
+        io = self._io
+        if io is None or not self._drained or self._sync._fetcher.buffered:
+            return 0.0
+        queued = io.length()
+        now = _monotonic()
+        if queued == 0 or queued >= wanted or now >= deadline:
+            self._linger_until = 0.0
+            return 0.0
+        until = self._linger_until
+        if not until:
+            until = self._linger_until = min(now + _LINGER_S, deadline)
+        if now >= until:
+            self._linger_until = 0.0
+            return 0.0
+        return until - now
+
     # -- records ----------------------------------------------------------------------------
 
     async def poll(self, timeout: float | None = None) -> Message | None:
@@ -667,19 +702,24 @@ class AIOConsumer(AIOGroupMember):
                 await self._dispatch()
                 if s._error_events:
                     return s._error_events.popleft()
-            msg = fetcher.poll(0, None, _FILL_BATCH)
-            if msg is not None:
-                return msg
+            # An `async for` step lets a short queue fill (`_hold`); `poll` takes at once.
+            hold = self._hold(_FILL_BATCH, deadline) if until_close else 0.0
+            if hold <= 0:
+                msg = fetcher.poll(0, None, _FILL_BATCH)
+                if msg is not None:
+                    self._drained = False
+                    return msg
+                self._drained = True
             remaining = deadline - time.monotonic()
             if remaining <= 0 or (until_close and (self._closing is not None or s._closed)):
                 return None
             s._net.note_poll()
-            await self._wait(min(remaining, self._slice()))
+            await self._wait(min(remaining, hold if hold > 0 else self._slice()))
 
     async def consume(self, num_messages: int = 1, timeout: float | None = None) -> list[Message]:
         """As `Consumer.consume`: up to ``num_messages`` records (and error events, as
-        `poll`) within ``timeout`` seconds (what is there goes out at once); ``None`` waits
-        until at least one."""
+        `poll`) within ``timeout`` seconds (fewer than ``num_messages`` go out at most 1 ms
+        after they are there: see `_hold`); ``None`` waits until at least one."""
         s = self._sync
         if s._error_events and not s._closed:
             return s._take_error_events()
@@ -692,14 +732,18 @@ class AIOConsumer(AIOGroupMember):
                 await self._dispatch()
                 if s._error_events:
                     return s._take_error_events()
-            msgs = fetcher.consume(num_messages, 0)
-            if msgs:
-                return msgs
+            hold = self._hold(num_messages, deadline)
+            if hold <= 0:
+                msgs = fetcher.consume(num_messages, 0)
+                if msgs:
+                    self._drained = False
+                    return msgs
+                self._drained = True
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                return msgs
+                return fetcher.consume(num_messages, 0) if hold > 0 else []
             s._net.note_poll()
-            await self._wait(min(remaining, self._slice()))
+            await self._wait(min(remaining, hold if hold > 0 else self._slice()))
 
     def __aiter__(self) -> Self:
         return self

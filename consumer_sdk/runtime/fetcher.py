@@ -731,6 +731,11 @@ class Fetcher:
         return self.next_buffered()
 
     @property
+    def buffered(self) -> bool:
+        """Whether `poll` holds records taken from librdkafka and not handed out yet."""
+        return bool(self._buffer)
+
+    @property
     def open_until(self) -> float:
         """Until when (monotonic s) records may be handed out without asking the gate
         (``poll``/``consume`` ask it past this)."""

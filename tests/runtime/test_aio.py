@@ -333,6 +333,57 @@ def test_async_for_takes_records_from_librdkafka_in_bounded_chunks(
     run(main(), timeout=60)
 
 
+@pytest.mark.parametrize("mode", ["consume", "async_for"])
+def test_a_short_queue_is_left_to_fill_and_cancelling_that_wait_takes_nothing(
+    embedded_kafka: EmbeddedKafka, mode: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With fewer records queued in librdkafka than a ``consume(n)`` (or an ``async for``
+    fill) takes, the call waits for more (at most ``_LINGER_S``, lengthened here so the
+    wait can be seen) without taking any: cancelled there, it has taken nothing (the records
+    are still librdkafka's, no position moved), and the next call returns them all."""
+    from consumer_sdk.runtime import aio as aio_module
+
+    monkeypatch.setattr(aio_module, "_LINGER_S", 60.0)
+    topic, group = f"aio-linger-{mode}", f"aio-linger-{mode}-g"
+    embedded_kafka.create_topic(topic, partitions=1)
+    tp = TopicPartition(topic, 0)
+
+    async def main() -> None:
+        async with AIOConsumer(config(embedded_kafka, group, enable_auto_commit=False)) as c:
+            await c.subscribe([topic])
+            deadline = time.monotonic() + 30
+            while not c.assignment():  # reconciliation runs inside the calls
+                assert time.monotonic() < deadline, "no assignment"
+                assert await c.consume(10, 0.1) == []
+            await asyncio.to_thread(embedded_kafka.produce, topic, [b"x"] * 10)
+            io = c._io
+            assert io is not None
+            await until(lambda: io.length() == 10, "10 records queued in librdkafka")
+
+            async def step() -> list[int]:
+                if mode == "consume":
+                    return [m.offset() for m in await c.consume(500, 30.0)]  # type: ignore[misc]
+                return [(await c.__anext__()).offset()]  # type: ignore[list-item]
+
+            before = c.position([tp])[0].offset
+            task = asyncio.create_task(step())
+            await until(lambda: c._linger_until > 0, "the wait for a fuller queue")
+            task.cancel()
+            await asyncio.wait([task])
+            assert task.cancelled()
+            assert io.length() == 10, "the cancelled call took records"
+            assert not c._sync._fetcher.buffered
+            assert c.position([tp])[0].offset == before, "a position moved"
+            monkeypatch.setattr(aio_module, "_LINGER_S", 0.001)
+            c._linger_until = 0.0
+            got: list[int] = []
+            while len(got) < 10:
+                got += await step()
+            assert got == list(range(10))
+
+    run(main(), timeout=60)
+
+
 def test_async_for_waiting_for_records_ends_at_close(embedded_kafka: EmbeddedKafka) -> None:
     """An ``async for`` step waiting for records (everything read) ends the iteration when
     another task closes the consumer."""
