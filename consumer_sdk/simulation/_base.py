@@ -174,7 +174,9 @@ class SimBase:
     _driver_config: DriverConfig
     _coord_node: int
     _progress: Callable[[str], None] | None
-    _queue: list[tuple[int, int, int, int, Any, Any]]
+    _wheel: list[list[tuple[int, int, Any, Any]]]
+    _occupied: bytearray
+    _later: list[tuple[int, int, int, int, Any, Any]]
     _seq: int
     _slots: dict[int, _Member]
     _incarnations: dict[int, int]
