@@ -130,6 +130,16 @@ class Simulation(MemberHost, Faults, Invariants):
         self._incarnations: dict[int, int] = {}
         self._owners: dict[tuple[str, int], set[_Member]] = {}
         self._links: dict[int, random.Random] = {}
+        # (loss, latency low, latency span, its bit length, spike probability): see `_link`.
+        lo, hi = self.mix.latency_ms
+        span = hi - lo + 1
+        self._link_params = (
+            self.mix.loss,
+            lo,
+            span,
+            span.bit_length(),
+            self.mix.spike_probability,
+        )
         self._next_msg = 0
         self._coord_down_until = -1
         self._coord_unhealthy_until = 0
