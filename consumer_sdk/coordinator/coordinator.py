@@ -836,7 +836,13 @@ class GroupCoordinator:
         name = self._preferred_assignor(group)
         members = {mid: self._subscription(m) for mid, m in group.members.items()}
         partitions: dict[uuid.UUID, int] = {}
+        # Members mostly share a few subscriptions: each distinct topic set is walked once
+        # (a frozenset caches its hash; a topic id's hash is Python code), in the same order.
+        seen: set[frozenset[uuid.UUID]] = set()
         for sub in members.values():
+            if sub.topics in seen:
+                continue
+            seen.add(sub.topics)
             for tid in sub.topics:
                 if tid not in partitions:
                     topic = self.topics.by_id(tid)

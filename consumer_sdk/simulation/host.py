@@ -478,7 +478,10 @@ class MemberHost(SimBase):
             # run now, only one when the heartbeat is next due, unless one comes earlier.
             at = now + wait
             if not now <= m.wake_at <= at:  # (else the run already scheduled comes first)
-                self._schedule_wake(m, at)
+                # (_schedule_wake inline: once per heartbeat)
+                m.wake_at = at
+                m.wake_token = token = m.wake_token + 1
+                self._push(at, _WAKE, m.slot, (m.inc, token), None)
             return
         self._drive(m)
 
