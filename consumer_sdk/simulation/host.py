@@ -179,20 +179,20 @@ class MemberHost(SimBase):
             self._drain(m)
             if not m.alive:
                 return
-        self._schedule_wake(m, now + max(1, wait))
+        at = now + wait if wait > 1 else now + 1
+        if not now <= m.wake_at <= at:  # (see _on_wake)
+            m.wake_at = at
+            m.wake_token = token = m.wake_token + 1
+            self._push(at, _WAKE, m.slot, (m.inc, token), None)
         if m.tick_at < 0 and (
             m.pending_callbacks or core.app_events or core.state not in IDLE_STATES
         ):
             self._schedule_tick(m, now)
 
-    def _schedule_wake(self, m: _Member, at: int) -> None:
-        if 0 <= m.wake_at <= at and m.wake_at >= self.now:
-            return
-        m.wake_at = at
-        m.wake_token += 1
-        self._push(at, _WAKE, m.slot, (m.inc, m.wake_token), None)
-
     def _on_wake(self, m: _Member, x: Any, _y: Any) -> None:
+        """The member's driver runs again. A wake-up is scheduled (inline, where a run or a
+        heartbeat answer asks for one) unless one comes no later; scheduling one makes the
+        one before stale (its token is not the member's ``wake_token`` any more)."""
         if x[1] != m.wake_token:
             return
         m.wake_at = -1
@@ -478,7 +478,6 @@ class MemberHost(SimBase):
             # run now, only one when the heartbeat is next due, unless one comes earlier.
             at = now + wait
             if not now <= m.wake_at <= at:  # (else the run already scheduled comes first)
-                # (_schedule_wake inline: once per heartbeat)
                 m.wake_at = at
                 m.wake_token = token = m.wake_token + 1
                 self._push(at, _WAKE, m.slot, (m.inc, token), None)
