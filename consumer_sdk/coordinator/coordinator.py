@@ -84,6 +84,9 @@ class _Member:
     subscription: Subscription[uuid.UUID] | None = None
     wire: tuple[TopicIdPartitions, ...] | None = None
     plain_response: HeartbeatResponse | None = None
+    # The last plain heartbeat (identity fields only) answered without a change: the member
+    # sends that very object again while its epoch holds (see `GroupCoordinator.heartbeat`).
+    plain_request: HeartbeatRequest | None = None
 
     def view(self) -> MemberAssignment:
         return MemberAssignment(self.state, self.epoch, self.assigned, self.pending)
@@ -370,6 +373,27 @@ class GroupCoordinator:
         """Answer one ConsumerGroupHeartbeat at ``now_ms``."""
         self._now = now_ms
         self.heartbeats += 1
+        # Most heartbeats: a stable member sends again the very plain request (requests are
+        # immutable) last answered without a change, and nothing changed since (its epoch is
+        # the group's and the assignment's, no fault is on): validating, updating and
+        # reconciling it would find nothing to do, so only its session restarts. (A static
+        # member found by its member id owns its instance id: a new member with that instance
+        # id only joins by replacing it.)
+        group = self._groups.get(request.group_id)
+        if group is not None:
+            m = group.members.get(request.member_id)
+            if (
+                m is not None
+                and request is m.plain_request
+                and m.epoch == request.member_epoch
+                and m.state is MAS.STABLE
+                and m.epoch == group.assignment_epoch == group.group_epoch
+                and self._loaded
+                and not self._injected
+                and now_ms >= self._loading_until_ms
+            ):
+                self._arm_session(group, m, now_ms)
+                return self._plain_response(m)
         try:
             if self._injected:
                 self._maybe_injected(request)
@@ -612,7 +636,22 @@ class GroupCoordinator:
                 member_id=m.member_id,
                 assignment=m.wire,
             )
-        # No assignment to send: the answer of most heartbeats, reused (responses are immutable).
+        if (
+            epoch > 0
+            and req.rebalance_timeout_ms == -1
+            and req.rack_id is None
+            and req.subscribed_topic_names is None
+            and req.subscribed_topic_regex is None
+            and req.server_assignor is None
+            and req.topic_partitions is None
+        ):
+            m.plain_request = req
+        return self._plain_response(m)
+
+    def _plain_response(self, m: _Member) -> HeartbeatResponse:
+        """No assignment to send: the answer of most heartbeats, reused (responses are
+        immutable)."""
+        interval = self.config.heartbeat_interval_ms
         plain = m.plain_response
         if (
             plain is None
@@ -797,7 +836,13 @@ class GroupCoordinator:
         name = self._preferred_assignor(group)
         members = {mid: self._subscription(m) for mid, m in group.members.items()}
         partitions: dict[uuid.UUID, int] = {}
+        # Members mostly share a few subscriptions: each distinct topic set is walked once
+        # (a frozenset caches its hash; a topic id's hash is Python code), in the same order.
+        seen: set[frozenset[uuid.UUID]] = set()
         for sub in members.values():
+            if sub.topics in seen:
+                continue
+            seen.add(sub.topics)
             for tid in sub.topics:
                 if tid not in partitions:
                     topic = self.topics.by_id(tid)

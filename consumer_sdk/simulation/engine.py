@@ -7,10 +7,10 @@ each, are mixed into `Simulation`: `host` (each member's application thread and 
 over the simulated links), `faults` (what the trace schedules), `invariants` (the checks and
 the convergence statistics); `_base` holds what they share.
 
-Everything runs on one priority queue of virtual-millisecond events; every random choice comes
-from ``random.Random`` instances seeded from the configuration's seed, so a seed (plus the trace
-of scheduled events) replays a run exactly. Invariants are checked as things change (see
-`consumer_sdk.simulation` and ``docs/simulation.md``).
+Everything runs on one queue of virtual-millisecond events, taken in (time, scheduling order);
+every random choice comes from ``random.Random`` instances seeded from the configuration's seed,
+so a seed (plus the trace of scheduled events) replays a run exactly. Invariants are checked as
+things change (see `consumer_sdk.simulation` and ``docs/simulation.md``).
 """
 
 from __future__ import annotations
@@ -68,6 +68,13 @@ _heappush = heapq.heappush
 #: The cyclic collector's thresholds during a run (see `Simulation.run`).
 _GC_THRESHOLDS = (50_000, 20, 100)
 
+#: The event queue's near horizon (ms; a power of two): a timing wheel of one list per
+#: millisecond holds the events due within it, a heap the later ones (see `Simulation._loop`).
+#: It spans a heartbeat interval (5 s by default) and its jitter, so the events of a quiet
+#: heartbeat (its next run, the request's arrival, the answer) never touch the heap.
+_WHEEL_MS = 1 << 13
+_WHEEL_MASK = _WHEEL_MS - 1
+
 
 class Simulation(MemberHost, Faults, Invariants):
     """A deterministic simulated deployment: ``Simulation(SimConfig(...)).run() -> SimReport``.
@@ -115,12 +122,24 @@ class Simulation(MemberHost, Faults, Invariants):
             listener=self._on_coordinator_event,
         )
         self.now = 0
-        self._queue: list[tuple[int, int, int, int, Any, Any]] = []
+        self._wheel: list[list[tuple[int, int, Any, Any]]] = [[] for _ in range(_WHEEL_MS)]
+        self._occupied = bytearray(_WHEEL_MS)
+        self._later: list[tuple[int, int, int, int, Any, Any]] = []
         self._seq = 0
         self._slots: dict[int, _Member] = {}
         self._incarnations: dict[int, int] = {}
         self._owners: dict[tuple[str, int], set[_Member]] = {}
         self._links: dict[int, random.Random] = {}
+        # (loss, latency low, latency span, its bit length, spike probability): see `_link`.
+        lo, hi = self.mix.latency_ms
+        span = hi - lo + 1
+        self._link_params = (
+            self.mix.loss,
+            lo,
+            span,
+            span.bit_length(),
+            self.mix.spike_probability,
+        )
         self._next_msg = 0
         self._coord_down_until = -1
         self._coord_unhealthy_until = 0
@@ -169,7 +188,23 @@ class Simulation(MemberHost, Faults, Invariants):
         return r
 
     def _loop(self, end: int, started: float) -> None:
-        queue = self._queue
+        """Run the events due up to ``end``, each millisecond's in the order they were
+        scheduled (what a heap of ``(time, sequence number)`` entries would pop).
+
+        The queue is a timing wheel: ``_wheel[t % _WHEEL_MS]`` lists the events due at ``t``
+        for ``now <= t < now + _WHEEL_MS`` (``_occupied`` marks the non-empty lists, so the
+        next one is a C-speed search); events due later wait in the heap ``_later`` and move
+        to their list when ``t`` comes within the horizon, before the first event of any
+        millisecond from which they could be scheduled directly (so a millisecond's events
+        stay in scheduling order). Most events are due within a heartbeat interval:
+        scheduling one is an append, no heap comparisons.
+        """
+        wheel = self._wheel
+        occupied = self._occupied
+        find = occupied.find
+        later = self._later
+        mask = _WHEEL_MASK
+        horizon_ms = _WHEEL_MS
         pop = heapq.heappop
         report = self.report
         handlers: dict[int, Callable[[int, Any, Any], None]] = {
@@ -192,29 +227,53 @@ class Simulation(MemberHost, Faults, Invariants):
         slots = self._slots
         member_events = _MEMBER_EVENTS
         steps = report.steps
+        t = self.now
         try:
-            while queue:
-                t, _, kind, slot, x, y = pop(queue)
-                if t > end:
-                    break
-                self.now = t
-                steps += 1
-                if kind in member_events:
-                    m = slots.get(slot)
-                    # x carries the incarnation for member events.
-                    if m is None or not m.alive or m.inc != x[0]:
-                        continue
-                    if m.frozen:
-                        m.deferred.append((kind, 0, x, y))
-                        continue
-                    try:
-                        member_handlers[kind](m, x, y)
-                    except _StopRun:
-                        raise
-                    except Exception as exc:  # a bug in the core (or the host)
-                        self._core_exception(m, exc)
+            while t <= end:
+                while later and later[0][0] - t < horizon_ms:
+                    due, _, kind, slot, x, y = pop(later)
+                    wheel[due & mask].append((kind, slot, x, y))
+                    occupied[due & mask] = 1
+                index = t & mask
+                bucket = wheel[index]
+                if bucket:
+                    self.now = t
+                    i = 0
+                    # (handlers may schedule more events at this very millisecond)
+                    while i < len(bucket):
+                        kind, slot, x, y = bucket[i]
+                        i += 1
+                        steps += 1
+                        if kind in member_events:
+                            m = slots.get(slot)
+                            # x carries the incarnation for member events.
+                            if m is None or not m.alive or m.inc != x[0]:
+                                continue
+                            if m.frozen:
+                                m.deferred.append((kind, 0, x, y))
+                                continue
+                            try:
+                                member_handlers[kind](m, x, y)
+                            except _StopRun:
+                                raise
+                            except Exception as exc:  # a bug in the core (or the host)
+                                self._core_exception(m, exc)
+                        else:
+                            handlers[kind](slot, x, y)
+                    bucket.clear()
+                    occupied[index] = 0
+                # The next millisecond with events: the wheel's next list, else the heap's.
+                j = find(1, index + 1)
+                if j >= 0:
+                    t += j - index
+                    continue
+                j = find(1, 0, index)
+                if j >= 0:
+                    t += horizon_ms - index + j
+                elif later:
+                    t = later[0][0]
                 else:
-                    handlers[kind](slot, x, y)
+                    break
             self.now = end
         except _StopRun:
             return
@@ -222,8 +281,16 @@ class Simulation(MemberHost, Faults, Invariants):
             report.steps = steps
 
     def _push(self, t: int, kind: int, slot: int, x: Any, y: Any) -> None:
-        self._seq = seq = self._seq + 1
-        _heappush(self._queue, (t, seq, kind, slot, x, y))
+        ahead = t - self.now
+        if 0 <= ahead < _WHEEL_MS:
+            index = t & _WHEEL_MASK
+            self._wheel[index].append((kind, slot, x, y))
+            self._occupied[index] = 1
+        elif ahead >= 0:
+            self._seq = seq = self._seq + 1
+            _heappush(self._later, (t, seq, kind, slot, x, y))
+        else:
+            raise ValueError(f"event {kind} scheduled at {t} ms, before now ({self.now} ms)")
 
     def _violate(self, kind: str, message: str, m: _Member | None = None) -> None:
         v = Violation(self.now, kind, message, m.slot if m else -1, m.member_id if m else "")

@@ -56,6 +56,9 @@ from consumer_sdk.simulation._base import (
 )
 from consumer_sdk.simulation.schedule import REGEX
 
+_HEARTBEAT = Api.HEARTBEAT
+_COMMIT = Api.OFFSET_COMMIT
+
 
 def _randint(rng: random.Random, lo: int, hi: int) -> int:
     """``rng.randint(lo, hi)``, the very same draw (CPython's rejection sampling over
@@ -176,20 +179,20 @@ class MemberHost(SimBase):
             self._drain(m)
             if not m.alive:
                 return
-        self._schedule_wake(m, now + max(1, wait))
+        at = now + wait if wait > 1 else now + 1
+        if not now <= m.wake_at <= at:  # (see _on_wake)
+            m.wake_at = at
+            m.wake_token = token = m.wake_token + 1
+            self._push(at, _WAKE, m.slot, (m.inc, token), None)
         if m.tick_at < 0 and (
             m.pending_callbacks or core.app_events or core.state not in IDLE_STATES
         ):
             self._schedule_tick(m, now)
 
-    def _schedule_wake(self, m: _Member, at: int) -> None:
-        if 0 <= m.wake_at <= at and m.wake_at >= self.now:
-            return
-        m.wake_at = at
-        m.wake_token += 1
-        self._push(at, _WAKE, m.slot, (m.inc, m.wake_token), None)
-
     def _on_wake(self, m: _Member, x: Any, _y: Any) -> None:
+        """The member's driver runs again. A wake-up is scheduled (inline, where a run or a
+        heartbeat answer asks for one) unless one comes no later; scheduling one makes the
+        one before stale (its token is not the member's ``wake_token`` any more)."""
         if x[1] != m.wake_token:
             return
         m.wake_at = -1
@@ -312,18 +315,25 @@ class MemberHost(SimBase):
         self._window = i
         return i < len(wins) and now >= wins[i][0]
 
-    def _latency(self, slot: int) -> int:
-        mix = self.mix
+    def _link(self, slot: int, lossy: bool) -> int:
+        """One message over the slot's link: -1 if it is lost (``lossy`` ones only, in churn
+        windows), else its latency (ms). The link's draws, in this order: ``random() <
+        loss`` (``lossy`` ones), the latency as ``randint(*latency_ms)`` draws it, ``random()
+        < spike_probability`` and the spike's ``randint``."""
+        loss, lo, span, bits, spike = self._link_params
         rng = self._links[slot]
-        lo, hi = mix.latency_ms
-        latency = _randint(rng, lo, hi) if hi > lo else lo
-        if mix.spike_probability and rng.random() < mix.spike_probability and self._faulty():
-            latency += _randint(rng, *mix.spike_ms)
+        if lossy and loss > 0 and rng.random() < loss and self._faulty():
+            return -1
+        if span > 1:  # (_randint inline: one per message)
+            r = rng.getrandbits(bits)
+            while r >= span:
+                r = rng.getrandbits(bits)
+            latency = lo + r
+        else:
+            latency = lo
+        if spike and rng.random() < spike and self._faulty():
+            latency += _randint(rng, *self.mix.spike_ms)
         return latency
-
-    def _lost(self, slot: int) -> bool:
-        loss = self.mix.loss
-        return loss > 0 and self._links[slot].random() < loss and self._faulty()
 
     def _reachable(self, m: _Member) -> bool:
         return m.partitioned_until <= self.now
@@ -331,8 +341,7 @@ class MemberHost(SimBase):
     def _send(self, m: _Member, request: Outbound) -> None:
         """A request of ``m``'s driver goes out. Requests to the coordinator travel in order
         (one connection); FindCoordinator and Metadata are answered by any broker."""
-        self._next_msg += 1
-        msg = self._next_msg
+        self._next_msg = msg = self._next_msg + 1
         now = self.now
         m.inflight[msg] = (request, now)
         x = (m.inc, msg)
@@ -340,18 +349,19 @@ class MemberHost(SimBase):
         slot = m.slot
         # Commits are not lost at random (as before the driver ran here): a lost one would
         # only wait out its request timeout, which the invariants cannot tell from a bug.
-        if m.partitioned_until > now or (api is not Api.OFFSET_COMMIT and self._lost(slot)):
+        latency = -1 if m.partitioned_until > now else self._link(slot, api is not _COMMIT)
+        if latency < 0:
             self.report.messages_lost += 1
             self._push(now + request.timeout_ms, _TIMEOUT, slot, x, None)
             return
-        if api is Api.HEARTBEAT or api is Api.OFFSET_COMMIT or api is Api.OFFSET_FETCH:
-            arrive = now + self._latency(slot)
+        if api is _HEARTBEAT or api is _COMMIT or api is Api.OFFSET_FETCH:
+            arrive = now + latency
             if arrive < m.last_arrival:
                 arrive = m.last_arrival
             m.last_arrival = arrive
             self._push(arrive, _ARRIVE, slot, x, m)
             return
-        self._push(now + 2 * self._latency(slot), _RESPONSE, slot, x, self._answer(request))
+        self._push(now + 2 * latency, _RESPONSE, slot, x, self._answer(request))
 
     def _answer(self, request: Outbound) -> Any:
         """What any broker answers to FindCoordinator, Metadata and the group's session
@@ -384,23 +394,24 @@ class MemberHost(SimBase):
             return
         moved = request.coordinator is None or request.coordinator.node_id != self._coord_node
         response: Any
-        if request.api is Api.HEARTBEAT:
+        if request.api is _HEARTBEAT:
             if moved:
                 response = HeartbeatResponse(int(E.NOT_COORDINATOR), -1, 0)
             else:
                 response = self.coordinator.heartbeat(now, request.payload)
                 m.left_seen = request.payload.member_epoch < 0
-        elif request.api is Api.OFFSET_COMMIT:
+        elif request.api is _COMMIT:
             response = self._offset_commit(m, request, moved)
         else:
             response = OffsetFetchResponse(int(E.NOT_COORDINATOR) if moved else 0, ())
         if not m.alive:
             return
-        if request.api is not Api.OFFSET_COMMIT and self._lost(slot):
+        latency = self._link(slot, request.api is not _COMMIT)
+        if latency < 0:
             self.report.messages_lost += 1
             self._push(max(now, timeout), _TIMEOUT, slot, x, None)
             return
-        self._push(now + self._latency(slot), _RESPONSE, slot, x, response)
+        self._push(now + latency, _RESPONSE, slot, x, response)
 
     def _offset_commit(self, m: _Member, request: Outbound, moved: bool) -> Any:
         """An OffsetCommit at the coordinator, through its epoch checks."""
@@ -453,20 +464,23 @@ class MemberHost(SimBase):
             m.inflight[x[1]] = entry
             self._push(max(self.now, sent + request.timeout_ms), _TIMEOUT, m.slot, x, None)
             return
-        if request.api is Api.HEARTBEAT:
+        if request.api is _HEARTBEAT:
             m.last_error = response.error_code
         self.report.core_calls += 1
         driver = m.driver
         assert driver is not None
-        wait = driver.on_response(self.now, request, response)
-        self._check_epoch(m)
+        now = self.now
+        wait = driver.on_response(now, request, response)
+        if m.core.member_epoch != m.last_epoch:
+            self._check_epoch(m)
         if wait > 0 and not m.pending_callbacks and not driver.outbox:
             # A quiet heartbeat answer: as the runtime does (MemberNetwork._on_outcome), no
             # run now, only one when the heartbeat is next due, unless one comes earlier.
-            now = self.now
             at = now + wait
             if not now <= m.wake_at <= at:  # (else the run already scheduled comes first)
-                self._schedule_wake(m, at)
+                m.wake_at = at
+                m.wake_token = token = m.wake_token + 1
+                self._push(at, _WAKE, m.slot, (m.inc, token), None)
             return
         self._drive(m)
 
@@ -478,7 +492,7 @@ class MemberHost(SimBase):
         self._drive(m)
 
     def _fail(self, m: _Member, request: Outbound, kind: FailureKind) -> None:
-        if request.api is Api.HEARTBEAT:
+        if request.api is _HEARTBEAT:
             m.last_error = 0
         self.report.core_calls += 1
         driver = m.driver
