@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import base64
 import logging
 import socket
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -68,3 +70,15 @@ def free_ports(count: int) -> list[int]:
     finally:
         for s in sockets:
             s.close()
+
+
+def kafka_uuid() -> str:
+    """A random Kafka ``Uuid`` string (URL-safe base64, no padding), e.g. a cluster id.
+
+    Never one starting with ``-`` (as Kafka's own ``Uuid.randomUuid``): the storage tool's
+    argument parser would read it as an option (``--cluster-id: expected one argument``).
+    """
+    while True:
+        text = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        if not text.startswith("-"):
+            return text

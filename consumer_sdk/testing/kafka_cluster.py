@@ -25,7 +25,6 @@ start, node faults and close. Its methods run on the calling thread and block un
 
 from __future__ import annotations
 
-import base64
 import collections
 import contextlib
 import logging
@@ -37,7 +36,6 @@ import subprocess
 import tempfile
 import threading
 import time
-import uuid
 import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -56,7 +54,7 @@ from consumer_sdk.testing._cluster_ops import (
     KafkaClusterError,
 )
 from consumer_sdk.testing._cluster_ops import Payload as Payload
-from consumer_sdk.testing._helpers import free_ports
+from consumer_sdk.testing._helpers import free_ports, kafka_uuid
 from consumer_sdk.testing._jvm import (
     check_kafka_home,
     find_java,
@@ -91,18 +89,6 @@ _READY_MARK = "Kafka Server started"
 _RESERVED_LISTENERS = frozenset({"PLAINTEXT", "CONTROLLER"})
 _PROTOCOLS = frozenset({"PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"})
 _LISTENER_RE = re.compile(r"^[A-Z][A-Z0-9_]*$")
-
-
-def _kafka_uuid() -> str:
-    """A random Kafka ``Uuid`` string (URL-safe base64, no padding), e.g. a cluster id.
-
-    Never one starting with ``-`` (as Kafka's own ``Uuid.randomUuid``): the storage tool's
-    argument parser would read it as an option (``--cluster-id: expected one argument``).
-    """
-    while True:
-        text = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
-        if not text.startswith("-"):
-            return text
 
 
 # -- nodes ------------------------------------------------------------------------------------
@@ -256,7 +242,7 @@ class KafkaCluster(ClusterOps):
 
     def _layout(self, count: int, attempt: int) -> None:
         ports = free_ports(count * (2 + len(self._listeners)))
-        self._cluster_id = _kafka_uuid()
+        self._cluster_id = kafka_uuid()
         self._nodes = {}
         for i in range(1, count + 1):
             extra = {name: ports.pop() for name in self._listeners}

@@ -35,7 +35,6 @@ links and the bridge go with them)::
 from __future__ import annotations
 
 import atexit
-import base64
 import contextlib
 import ctypes
 import logging
@@ -47,12 +46,11 @@ import subprocess
 import tempfile
 import threading
 import time
-import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from consumer_sdk.testing._helpers import wait_until
+from consumer_sdk.testing._helpers import kafka_uuid, wait_until
 
 __all__ = ["NetnsCluster", "NetnsError", "netns_available"]
 
@@ -263,7 +261,7 @@ class NetnsCluster:
     def _start_brokers(self, timeout_s: float) -> None:
         java = self._java()
         classpath = f"{self.kafka_home / 'libs'}/*"
-        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        cluster_id = kafka_uuid()
         for node in self.broker_ids:
             config = self._config(node)
             subprocess.run(
