@@ -285,6 +285,12 @@ def _was_coordinator(fault: dict[str, Any], driver_events: list[dict[str, Any]])
 def intervals(inc: Incarnation, session_s: float, interval_s: float = 0.0) -> list[Interval]:
     out: list[Interval] = []
     open_: dict[Partition, float] = {}
+    # When a confluent-kafka member's on_revoke began, per partition: librdkafka may
+    # acknowledge the revocation while the callback (a synchronous commit inside) still
+    # runs, and the member processes nothing once it began. An SDK member acknowledges
+    # only after on_revoke returned: its ownership ends at the callback's end.
+    revoking: dict[Partition, float] = {}
+    ck_owner = _impl(inc) == "ck"
 
     def close(p: Partition, t: float, kind: str) -> None:
         start = open_.pop(p)
@@ -316,6 +322,9 @@ def intervals(inc: Incarnation, session_s: float, interval_s: float = 0.0) -> li
                 bound = _fencing_bound(inc, start, t, session_s, interval_s)
                 if bound is not None and bound < t:
                     kind, t, lost_at = "fenced_close", max(start, bound), t
+            began = revoking.pop(p, None)
+            if ck_owner and began is not None and start <= began < t:
+                t = began
         out.append(Interval(inc.name, p, start, t, kind, lost_at))
 
     traced = _traced(inc)
@@ -329,6 +338,9 @@ def intervals(inc: Incarnation, session_s: float, interval_s: float = 0.0) -> li
         if kind == "assign":
             for p in ev["parts"]:
                 open_.setdefault(p, ev["t"])
+        elif kind == "revoking":
+            for p in ev["parts"]:
+                revoking[p] = ev["t"]
         elif kind in ("revoke", "lost"):
             for p in ev["parts"]:
                 if p in open_:

@@ -179,6 +179,7 @@ class ChaosMember:
 
     def on_revoke(self, consumer: Any, partitions: list[Any]) -> None:
         parts = self._parts(partitions)
+        self.log.write("revoking", parts=parts)
         todo = {p: o for p, o in self.pending.items() if p in parts}
         if todo:
             self._commit(todo)

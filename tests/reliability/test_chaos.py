@@ -523,6 +523,31 @@ def test_checker_ends_ownership_of_a_member_fenced_while_running_at_its_last_hea
     assert check(fenced_while_running(7.5, [])).violations == {"overlaps": 1}
 
 
+def revoked_during_a_commit(impl: str, b_at: float) -> list[dict[str, Any]]:
+    """a (``impl``) owns p0, processed 0..2; its on_revoke began at 2.0 and returned at 2.4
+    after a synchronous commit of 3; b took p0 at ``b_at``."""
+    return [
+        ev(0.5, "start", "a/1", impl=impl),
+        ev(1.0, "assign", "a/1", parts=[0]),
+        *(ev(1.1 + i / 10, "rec", "a/1", p=0, o=i) for i in range(3)),
+        ev(2.0, "revoking", "a/1", parts=[0]),
+        ev(2.3, "commit", "a/1", offsets={"0": 3}),
+        ev(2.4, "revoke", "a/1", parts=[0]),
+        ev(b_at, "assign", "b/2", parts=[0]),
+        ev(b_at + 0.3, "rec", "b/2", p=0, o=3),
+        ev(b_at + 0.4, "commit", "b/2", offsets={"0": 4}),
+    ]
+
+
+def test_checker_ends_a_confluent_kafka_owner_at_its_on_revoke_start() -> None:
+    """librdkafka may acknowledge a revocation while on_revoke (a synchronous commit inside)
+    still runs: a confluent-kafka owner's ownership ends when its callback began. An SDK
+    member acknowledges only after on_revoke returned: b inside its callback is an overlap."""
+    assert check(revoked_during_a_commit("ck", 2.1)).violations == {}
+    assert check(revoked_during_a_commit("sdk", 2.1)).violations == {"overlaps": 1}
+    assert check(revoked_during_a_commit("ck", 1.9)).violations == {"overlaps": 1}
+
+
 def closed_while_cut_off(closing: bool, last_ok_sent: float) -> list[dict[str, Any]]:
     """a owns p0 and processed 0..3 but committed only 3; its last heartbeat answered without
     error was sent at ``last_ok_sent``; b took p0 at 8.0 and redid offset 3; a was closed at
