@@ -700,3 +700,44 @@ def test_the_stream_reader_process_imports_the_member_without_hypothesis() -> No
             check=True,
         )
         assert out.stdout.strip() == loaded, (process, out.stdout, out.stderr)
+
+
+def test_a_member_built_during_a_failed_start_is_closed(embedded_kafka: EmbeddedKafka) -> None:
+    # The member is created and subscribed on its own thread while the broker check runs;
+    # when the check fails, nothing may keep it (its connections, its place on the network
+    # loop): it is closed, and a closed member refuses to be polled.
+    from confluent_kafka import KafkaError, KafkaException
+
+    from consumer_sdk import GroupMember
+    from spark_integration.offsets import SourceStartupError
+
+    embedded_kafka.create_topic("gr-built", partitions=2)
+    built: list[GroupMemberType] = []
+
+    def factory(config: dict[str, Any]) -> GroupMemberType:
+        member = GroupMember(config)
+        built.append(member)
+        return member
+
+    reader = GroupReader(
+        options(embedded_kafka, "gr-built-g", "gr-built,gr-absent", joinTimeoutMs="1500"),
+        member_factory=factory,
+    )
+
+    def closed() -> bool:
+        try:
+            built[0].poll(0)
+        except KafkaException as exc:
+            assert exc.args[0].code() == KafkaError._STATE, exc
+            return True
+        return False
+
+    try:
+        with pytest.raises(SourceStartupError, match=r"\['gr-absent'\] do not exist"):
+            reader.initial_offset()
+        wait_for(lambda: len(built) == 1, 20, "the member built during the check")
+        wait_for(closed, 20, "the member built during the failed start to be closed")
+    finally:
+        reader.close()
+        for member in built:
+            member.close(timeout=1)
