@@ -33,11 +33,10 @@ import contextlib
 import inspect
 import logging
 import os
-import select
 import threading
 import time
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Self, TypeVar
 
 from confluent_kafka import OFFSET_INVALID, KafkaError, KafkaException, Message, TopicPartition
@@ -62,7 +61,6 @@ from consumer_sdk.membership.requests import CommitKind
 from consumer_sdk.runtime._librdkafka import LibrdkafkaError, QueueIoEvent, consumer_queue_io_event
 from consumer_sdk.runtime.completion import Completion
 from consumer_sdk.runtime.consumer import Consumer
-from consumer_sdk.runtime.fetcher import Fetcher
 from consumer_sdk.runtime.group_member import (
     _CLOSE_ATTEMPT_FLOOR_S,
     _POLL_EVENT_INTERVAL_S,
@@ -96,13 +94,8 @@ _YIELD_EVERY_S = 0.0003
 # p99 of a 1 ms ticker was ~1.5 ms, ~1.05 with 96, as a busy loop without the SDK).
 _FILL_BATCH = 96
 # The longest records queued in librdkafka are left there for more to arrive (see
-# `AIOConsumer._hold` and `_RecordTaker`): the most latency it adds to a record.
+# `AIOConsumer._hold`): the most latency it adds to a record.
 _LINGER_S = 0.001
-# The record taker thread (`_RecordTaker`): records per take (a take holds the GIL while
-# confluent-kafka builds the messages, ~1 us each: kept well under the event loop's turn),
-# and the buffer's bound.
-_TAKE_BATCH = 128
-_BUFFER_MAX = 4096
 _monotonic = time.monotonic
 _FETCH_ERRORS = (BrokerResponseError, KafkaTransportError, KafkaTimeoutError, ProtocolError)
 
@@ -170,65 +163,6 @@ def _loop_waker(loop: asyncio.AbstractEventLoop) -> _LoopWaker:
     if waker is None:
         waker = _wakers[loop] = _LoopWaker(loop)
     return waker
-
-
-class _RecordTaker:
-    """An `AIOConsumer`'s data-plane thread: takes records from librdkafka into the fetcher's
-    buffer (`Fetcher.take`, batches of `_TAKE_BATCH`) and wakes the event loop once per
-    batch; the event loop only hands records out of that buffer. It waits for records on
-    librdkafka's queue IO event (``select`` on its pipe, GIL released), and while the buffer
-    holds `_BUFFER_MAX` records or more it takes nothing (the buffer is bounded).
-
-    Everything here runs on the taker's thread, except `start` and `stop` (any thread) and
-    ``wake`` (which it calls: it must be thread-safe)."""
-
-    def __init__(
-        self, fetcher: Fetcher, io: QueueIoEvent, pipe: tuple[int, int], wake: Callable[[], None]
-    ) -> None:
-        self._fetcher = fetcher
-        self._io = io
-        self._pipe = pipe
-        self._wake = wake
-        self._stopping = False
-        #: Set by the event loop once the buffer is empty: a full buffer's taker waits on it.
-        self.room = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="aio-record-taker", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self, timeout: float) -> bool:
-        """(any thread but the taker's) Stop taking and wait up to ``timeout`` seconds for
-        the thread to end; whether it did. It never waits in librdkafka for long: its only
-        call there takes what is queued."""
-        self._stopping = True
-        self.room.set()
-        with contextlib.suppress(OSError):  # ends the wait in select
-            os.write(self._pipe[1], b"s")
-        if self._thread.ident is not None:
-            self._thread.join(timeout)
-        return not self._thread.is_alive()
-
-    def _run(self) -> None:
-        fetcher, read_fd = self._fetcher, self._pipe[0]
-        try:
-            while not self._stopping:
-                if fetcher.buffered_count >= _BUFFER_MAX:
-                    self.room.clear()
-                    if fetcher.buffered_count >= _BUFFER_MAX:
-                        self.room.wait(_RECORD_SLICE_S)
-                    continue
-                if fetcher.take(_TAKE_BATCH):
-                    self._wake()
-                    continue
-                # The empty take served the queue: the next record writes to the pipe.
-                select.select([read_fd], [], [], _RECORD_SLICE_S)
-                with contextlib.suppress(BlockingIOError):
-                    while os.read(read_fd, 4096):
-                        pass
-        except BaseException:  # the consumer is unusable without it: say so, loudly
-            log.exception("AIOConsumer: the record taker thread failed")
-            raise
 
 
 async def await_completion(completion: Completion[T]) -> T:
@@ -704,30 +638,7 @@ class AIOConsumer(AIOGroupMember):
         except LibrdkafkaError as exc:
             # Records are then noticed by the wait's safety bound only (slower, still right).
             log.warning("AIOConsumer: no IO event on the fetcher's queue (%s)", exc)
-        self._taker: _RecordTaker | None = None
-        self._taken_pending = False
-        if self._io is not None and self._threaded:
-            self._taker = _RecordTaker(fetcher, self._io, self._pipe, self._records_taken)
-            self._taker.start()
-        else:
-            self._loop.add_reader(read_fd, self._records_ready)
-
-    #: Whether records are taken from librdkafka on a data-plane thread of each consumer
-    #: (`_RecordTaker`) rather than on the event loop's thread after the queue's IO event.
-    _threaded = False
-
-    def _records_taken(self) -> None:
-        """(the record taker's thread) Records reached the buffer: wake the event loop once
-        for all the batches taken before it gets to it."""
-        if self._taken_pending:
-            return
-        self._taken_pending = True
-        with contextlib.suppress(RuntimeError):  # the event loop is closed
-            self._loop.call_soon_threadsafe(self._on_taken)
-
-    def _on_taken(self) -> None:
-        self._taken_pending = False
-        self._resume()
+        self._loop.add_reader(read_fd, self._records_ready)
 
     def _new_member(self, config: Mapping[str, Any]) -> Consumer:
         return _LoopConsumer(config)
@@ -791,14 +702,9 @@ class AIOConsumer(AIOGroupMember):
                 await self._dispatch()
                 if s._error_events:
                     return s._error_events.popleft()
-            if self._taker is not None:
-                msg = fetcher.poll_buffered()
-                if msg is not None:
-                    return msg
-                self._taker.room.set()
-                hold = 0.0
             # An `async for` step lets a short queue fill (`_hold`); `poll` takes at once.
-            elif (hold := self._hold(_FILL_BATCH, deadline) if until_close else 0.0) <= 0:
+            hold = self._hold(_FILL_BATCH, deadline) if until_close else 0.0
+            if hold <= 0:
                 msg = fetcher.poll(0, None, _FILL_BATCH)
                 if msg is not None:
                     self._drained = False
@@ -826,14 +732,8 @@ class AIOConsumer(AIOGroupMember):
                 await self._dispatch()
                 if s._error_events:
                     return s._take_error_events()
-            if self._taker is not None:
-                msgs = fetcher.consume_buffered(num_messages)
-                if fetcher.buffered_count < _BUFFER_MAX // 2:
-                    self._taker.room.set()
-                if msgs:
-                    return msgs
-                hold = 0.0
-            elif (hold := self._hold(num_messages, deadline)) <= 0:
+            hold = self._hold(num_messages, deadline)
+            if hold <= 0:
                 msgs = fetcher.consume(num_messages, 0)
                 if msgs:
                     self._drained = False
@@ -943,22 +843,15 @@ class AIOConsumer(AIOGroupMember):
     async def _close_data_plane(self, timeout: float) -> None:
         """Stop watching the queue, then close librdkafka's consumer on a thread of its own
         (it blocks), awaited for at most ``timeout``."""
-        taker, io = self._taker, self._io
-        if self._pipe is not None and taker is None:
+        if self._pipe is not None:
             self._loop.remove_reader(self._pipe[0])
-        if io is not None and taker is None:
-            io.close()
-        self._io = None
+        if self._io is not None:
+            self._io.close()
+            self._io = None
         done: Completion[None] = Completion(time.monotonic() + timeout, "closing the fetcher")
 
         def close_fetcher() -> None:
             try:
-                # The taker first (it ends within one take), then the IO event (before
-                # librdkafka's consumer goes), then the consumer.
-                if taker is not None and io is not None:
-                    if not taker.stop(timeout):
-                        raise KafkaTimeoutError("the record taker thread did not stop")
-                    io.close()
                 self._sync._fetcher.close()
                 done.complete(None)
             except BaseException as exc:
@@ -969,8 +862,7 @@ class AIOConsumer(AIOGroupMember):
             await await_completion(done)
         except KafkaTimeoutError:
             log.info("group %s: the fetcher did not close in time", self.group_id)
-        # Only once the consumer is closed (a taker that did not stop may still read it).
-        if self._pipe is not None and done.done() and done.error() is None:
+        if self._pipe is not None and done.done():
             for fd in self._pipe:
                 os.close(fd)
             self._pipe = None

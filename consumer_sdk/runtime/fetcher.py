@@ -230,10 +230,8 @@ class Fetcher:
         self._native_tps: list[TopicPartition] = []
         self._paused: set[Partition] = set()
         # Records librdkafka handed over for poll() and not delivered yet, in order; and
-        # those of paused partitions, set aside until they resume. The application thread
-        # reads and writes them (poll, consume and the callbacks that run there); an
-        # AIOConsumer's data-plane thread (`take`) appends to them under _flight and _lock,
-        # and anything replacing them on the application thread holds _lock.
+        # those of paused partitions, set aside until they resume. Only the application
+        # thread reads and writes them (poll, consume and the callbacks that run there).
         self._buffer: deque[_Entry] = deque()
         self._held: dict[Partition, list[_Entry]] = {}
         self._closed = False
@@ -731,69 +729,6 @@ class Fetcher:
             if _monotonic() > self._open_until:  # the member may have stalled in the wait
                 self._check_gate(reopen=False)
         return self.next_buffered()
-
-    def take(self, batch: int) -> int:
-        """(an `AIOConsumer`'s data-plane thread) Take up to ``batch`` records from librdkafka
-        into the buffer without waiting; how many (0: none queued, or closed). As ``poll()``
-        does before it buffers, native partitions are moved to positions kept here first, so
-        what sits in the buffer never counts as handed out. ``_flight`` is held across the
-        call and the filling, so assign, unassign, seek and rewind (which take it) never meet
-        a batch in flight; records of partitions paused meanwhile are set aside as `pause`
-        sets buffered ones aside, and `next_buffered` drops those of fenced partitions."""
-        with self._flight:
-            if self._closed:
-                return 0
-            if self._native:
-                self._materialize(set(self._native))
-            msgs = self._consumer.consume(batch, 0)
-            if not msgs:
-                return 0
-            with self._lock:
-                if self._paused:
-                    self._fill_paused(msgs)
-                else:
-                    self._fill(msgs)
-            return len(msgs)
-
-    def _fill_paused(self, msgs: list[Message]) -> None:
-        """`_fill`, with the records of paused partitions set aside (_lock held)."""
-        paused, held, buffer = self._paused, self._held, self._buffer
-        for msg in msgs:
-            key = None if msg.error() is not None else (msg.topic(), msg.partition())
-            if key is not None and key in paused:
-                held.setdefault(key, []).append((key, msg))
-            else:
-                buffer.append((key, msg))  # type: ignore[arg-type]
-
-    def poll_buffered(self) -> Message | None:
-        """(application thread) The next buffered record or error event, as `poll` with no
-        call into librdkafka: records reach the buffer through `take` only."""
-        if _monotonic() > self._open_until:
-            self._check_gate(reopen=True)
-        return self.next_buffered()
-
-    def consume_buffered(self, num_messages: int) -> list[Message]:
-        """(application thread) Up to ``num_messages`` buffered records and error events, as
-        `consume` with no call into librdkafka (see `poll_buffered`)."""
-        if _monotonic() > self._open_until:
-            self._check_gate(reopen=True)
-        taken: list[Message] = []
-        buffer, fetchable, last = self._buffer, self._fetchable, self._last
-        while buffer and len(taken) < num_messages:
-            entry, record = buffer.popleft()
-            if entry is None:
-                taken.append(record)
-            elif entry in fetchable:
-                last[entry] = record
-                taken.append(record)
-            else:
-                self._note_dropped(entry, record)
-        return taken
-
-    @property
-    def buffered_count(self) -> int:
-        """Records and error events in the buffer (any thread: a length read)."""
-        return len(self._buffer)
 
     @property
     def buffered(self) -> bool:
