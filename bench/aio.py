@@ -288,8 +288,9 @@ async def _members(bootstrap: str, count: int, window_s: float) -> dict[str, Any
     from consumer_sdk import MemberState
     from consumer_sdk.aio import AIOGroupMember
 
+    group = f"aio-hb-{uuid.uuid4().hex[:6]}"  # a run never meets an earlier run's members
     members = [
-        AIOGroupMember({"bootstrap.servers": bootstrap, "group.id": "aio-hb"}) for _ in range(count)
+        AIOGroupMember({"bootstrap.servers": bootstrap, "group.id": group}) for _ in range(count)
     ]
     stop = asyncio.Event()
 

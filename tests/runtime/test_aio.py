@@ -466,6 +466,37 @@ def test_members_on_one_loop_share_the_wake_ups_from_the_network_loop(
     assert max(batches) > 1, batches
 
 
+def test_long_waits_of_members_on_one_loop_share_timers(embedded_kafka: EmbeddedKafka) -> None:
+    """Waits of members on one event loop that end in the same ``_TIMER_GRAIN_S`` slot share
+    one loop timer (fails with a timer per member), and none ends before its time."""
+
+    timers: list[str] = []
+
+    class CountingLoop(asyncio.SelectorEventLoop):
+        def call_at(self, when: float, callback: Any, *args: Any, context: Any = None) -> Any:
+            timers.append(getattr(callback, "__name__", ""))
+            return super().call_at(when, callback, *args, context=context)
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        members = [AIOGroupMember(config(embedded_kafka, "aio-timers-g")) for _ in range(30)]
+
+        async def wait(m: AIOGroupMember) -> float:
+            start = loop.time()
+            await m.poll(0.3)
+            return loop.time() - start
+
+        timers.clear()
+        waited = await asyncio.gather(*(wait(m) for m in members))
+        wait_timers = [t for t in timers if t in ("_end_slot", "_wake_timer")]
+        assert min(waited) >= 0.3, waited
+        assert 1 <= len(wait_timers) < len(members) // 2, wait_timers
+        await asyncio.gather(*(m.close() for m in members))
+
+    with asyncio.Runner(loop_factory=CountingLoop) as runner:
+        runner.run(asyncio.wait_for(main(), 60))
+
+
 def test_cancelled_sync_commit_and_close_still_complete(embedded_kafka: EmbeddedKafka) -> None:
     """Cancelling an awaited synchronous commit does not take it back; cancelling close()
     leaves it running to the end (the leave is sent)."""
