@@ -5,10 +5,15 @@ and a differential group with the sync Consumer and confluent-kafka's AIOConsume
 from __future__ import annotations
 
 import asyncio
+import os
 import random
+import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine
+from pathlib import Path
 from typing import Any, TypeVar
 
 import confluent_kafka
@@ -495,6 +500,61 @@ def test_long_waits_of_members_on_one_loop_share_timers(embedded_kafka: Embedded
 
     with asyncio.Runner(loop_factory=CountingLoop) as runner:
         runner.run(asyncio.wait_for(main(), 60))
+
+
+def test_kill_9_mid_stream_commits_no_record_that_was_not_handed_out(
+    embedded_kafka: EmbeddedKafka,
+) -> None:
+    """``async for`` consumer processes with auto-commit, each killed with SIGKILL at a
+    random record while records it took from librdkafka wait in its buffer: the group's
+    committed offset is at most one past the records it was handed (the last one printed,
+    and one it may have been handed and not printed yet), and auto-commit did commit; the
+    next process goes on from there. Two rounds: a commit of the buffered records shows
+    unless the kill falls at the end of a buffered batch."""
+    topic, group = "aio-kill9", "aio-kill9-g"
+    embedded_kafka.create_topic(topic, partitions=1)
+    embedded_kafka.produce(topic, [b"x" * 10] * 20_000)
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": f"{root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    committed = 0
+    for _ in range(2):
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tests.runtime.aio_autocommit_member",
+                embedded_kafka.bootstrap_servers,
+                group,
+                topic,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            cwd=root,
+            env=env,
+        )
+        printed: list[int] = []
+        try:
+            assert proc.stdout is not None
+            kill_after = 200 + random.randrange(100)
+            for line in proc.stdout:
+                printed.append(int(line))
+                if len(printed) >= kill_after:
+                    break
+            assert len(printed) >= kill_after, f"the member printed only {len(printed)} offsets"
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(10)
+        assert proc.stdout is not None
+        printed += [int(line) for line in proc.stdout.read().split()]
+        assert printed == list(range(committed, committed + len(printed)))
+        checker = Consumer(config(embedded_kafka, group))
+        try:
+            found = checker.committed([TopicPartition(topic, 0)], timeout=10)[0].offset
+        finally:
+            checker.close()
+        assert committed < found <= printed[-1] + 2, (committed, found, printed[-1])
+        committed = found
 
 
 def test_cancelled_sync_commit_and_close_still_complete(embedded_kafka: EmbeddedKafka) -> None:
