@@ -519,12 +519,15 @@ def render(result: dict[str, Any]) -> list[str]:
             "with the machine's load (p99 1.3-5.9 ms across runs at load 3-6). Taking the "
             "records on a data-plane thread per consumer instead (as confluent-kafka's "
             "AIOConsumer does on its executor) was built and measured against this design in "
-            "one sitting (load 3.5): `async for` 0.56-0.71x as fast, `consume(500)` "
-            "0.67-0.94x, 0.5-0.7x the records per CPU second, and the ticker's p99 6.6-14 ms "
-            "-> 23-66 ms: the event loop then waits for the GIL while the taker thread holds "
-            "it, and on this loaded 2-core machine the OS often runs something else meanwhile. "
-            "So records stay taken on the loop (the experiment is in the commit history of "
-            "`consumer_sdk/runtime/aio.py`).",
+            "four sittings (load 3.5-5.7): records per CPU second 0.54-0.83x (`async for`) "
+            "and 0.50-0.58x (`consume(500)`) of this design's, every time; wall-clock "
+            "`async for` 0.56-1.08x, `consume(500)` 0.67-1.27x; the ticker's p99 next to "
+            "`async for` worse in every sitting (e.g. 65.7 against 6.6 ms), next to "
+            "`consume(500)` worse in two, better in two (2.9 against 5.9 ms): the event loop "
+            "waits for the GIL while the taker thread holds it, and on this loaded 2-core "
+            "machine the OS often runs something else meanwhile. The thread costs the CPU "
+            "that the mock broker needs, so records stay taken on the loop (the experiment "
+            "and its numbers are in the commit history of `consumer_sdk/runtime/aio.py`).",
         ]
     lines += [
         "",
