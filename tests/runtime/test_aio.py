@@ -502,6 +502,16 @@ def test_long_waits_of_members_on_one_loop_share_timers(embedded_kafka: Embedded
         runner.run(asyncio.wait_for(main(), 60))
 
 
+def _read_offsets(out: Any, printed: list[int], enough_at: int, enough: threading.Event) -> None:
+    """(a thread) Offsets a member process prints, one a line, into ``printed``; ``enough``
+    is set once it holds ``enough_at`` or the process ended."""
+    for line in out:
+        printed.append(int(line))
+        if len(printed) >= enough_at:
+            enough.set()
+    enough.set()
+
+
 def test_kill_9_mid_stream_commits_no_record_that_was_not_handed_out(
     embedded_kafka: EmbeddedKafka,
 ) -> None:
@@ -534,19 +544,20 @@ def test_kill_9_mid_stream_commits_no_record_that_was_not_handed_out(
             env=env,
         )
         printed: list[int] = []
+        kill_after = 200 + random.randrange(100)
+        enough = threading.Event()
+        reader = threading.Thread(
+            target=_read_offsets, args=(proc.stdout, printed, kill_after, enough), daemon=True
+        )
+        reader.start()
         try:
-            assert proc.stdout is not None
-            kill_after = 200 + random.randrange(100)
-            for line in proc.stdout:
-                printed.append(int(line))
-                if len(printed) >= kill_after:
-                    break
-            assert len(printed) >= kill_after, f"the member printed only {len(printed)} offsets"
+            # The second process gets the partition once the first one's session expired.
+            enough.wait(90)
         finally:
             proc.send_signal(signal.SIGKILL)
             proc.wait(10)
-        assert proc.stdout is not None
-        printed += [int(line) for line in proc.stdout.read().split()]
+        reader.join(10)  # the rest of what it printed before the kill
+        assert len(printed) >= kill_after, f"the member printed only {len(printed)} offsets"
         assert printed == list(range(committed, committed + len(printed)))
         checker = Consumer(config(embedded_kafka, group))
         try:
