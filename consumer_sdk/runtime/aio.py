@@ -32,6 +32,7 @@ import asyncio
 import contextlib
 import inspect
 import logging
+import math
 import os
 import threading
 import time
@@ -96,6 +97,10 @@ _FILL_BATCH = 96
 # The longest records queued in librdkafka are left there for more to arrive (see
 # `AIOConsumer._hold`): the most latency it adds to a record.
 _LINGER_S = 0.001
+# Waits of at least `_SHARED_TIMER_FROM_S` end on a shared grid of `_TIMER_GRAIN_S` slots
+# (`_LoopWaker.wake_at`): up to that much late, so that many members' waits share timers.
+_SHARED_TIMER_FROM_S = 0.05
+_TIMER_GRAIN_S = 0.005
 _monotonic = time.monotonic
 _FETCH_ERRORS = (BrokerResponseError, KafkaTransportError, KafkaTimeoutError, ProtocolError)
 
@@ -127,13 +132,37 @@ class _LoopConsumer(Consumer):
 class _LoopWaker:
     """Wakes members on one event loop from other threads with one ``call_soon_threadsafe``
     for all the members woken before the loop gets to it (a join or a rebalance of many
-    members on one loop wakes it once per network-loop turn, not once per member)."""
+    members on one loop wakes it once per network-loop turn, not once per member); and ends
+    their long waits with one timer per `_TIMER_GRAIN_S` slot of the loop's clock rather
+    than one per member (see `wake_at`)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         # Weak: `_wakers` holds this object for as long as the loop lives.
         self._loop = weakref.ref(loop)
         self._lock = threading.Lock()
         self._members: list[AIOGroupMember] = []
+        # (event loop thread) Waits to end per slot (its end on the loop's clock).
+        self._slots: dict[float, list[asyncio.Future[None]]] = {}
+
+    def wake_at(
+        self, loop: asyncio.AbstractEventLoop, delay: float, waiter: asyncio.Future[None]
+    ) -> None:
+        """(event loop thread) End ``waiter`` (if still pending) at the end of the
+        `_TIMER_GRAIN_S` slot in which ``delay`` seconds from now falls: at most that much
+        later than asked. One timer per slot serves every member waiting into it, and the
+        loop wakes once for all of them (1,000 members polling once a second: ~200 timers a
+        second instead of 1,000, and as many fewer turns of the loop)."""
+        when = math.ceil((loop.time() + delay) / _TIMER_GRAIN_S) * _TIMER_GRAIN_S
+        slot = self._slots.get(when)
+        if slot is None:
+            slot = self._slots[when] = []
+            loop.call_at(when, self._end_slot, when)
+        slot.append(waiter)
+
+    def _end_slot(self, when: float) -> None:
+        for waiter in self._slots.pop(when, ()):
+            if not waiter.done():
+                waiter.set_result(None)
 
     def add(self, member: AIOGroupMember) -> None:
         """(any thread) Run ``member._wake()`` on the event loop soon."""
@@ -287,12 +316,18 @@ class AIOGroupMember:
         """Until woken (since the caller last cleared ``_woken``) or ``timeout`` seconds."""
         if self._woken:
             return
-        waiter = self._waiter = self._loop.create_future()
-        timer = self._loop.call_later(timeout, self._wake_timer, waiter)
+        loop = self._loop
+        waiter = self._waiter = loop.create_future()
+        timer: asyncio.TimerHandle | None = None
+        if timeout >= _SHARED_TIMER_FROM_S:
+            self._loop_waker.wake_at(loop, timeout, waiter)
+        else:
+            timer = loop.call_later(timeout, self._wake_timer, waiter)
         try:
             await waiter
         finally:
-            timer.cancel()
+            if timer is not None:
+                timer.cancel()
             self._waiter = None
             self._suspended_at = time.monotonic()
 

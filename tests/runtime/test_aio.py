@@ -5,10 +5,15 @@ and a differential group with the sync Consumer and confluent-kafka's AIOConsume
 from __future__ import annotations
 
 import asyncio
+import os
 import random
+import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine
+from pathlib import Path
 from typing import Any, TypeVar
 
 import confluent_kafka
@@ -464,6 +469,103 @@ def test_members_on_one_loop_share_the_wake_ups_from_the_network_loop(
     assert woken >= 20, batches
     assert len(threadsafe_calls) < woken, (len(threadsafe_calls), woken)
     assert max(batches) > 1, batches
+
+
+def test_long_waits_of_members_on_one_loop_share_timers(embedded_kafka: EmbeddedKafka) -> None:
+    """Waits of members on one event loop that end in the same ``_TIMER_GRAIN_S`` slot share
+    one loop timer (fails with a timer per member), and none ends before its time."""
+
+    timers: list[str] = []
+
+    class CountingLoop(asyncio.SelectorEventLoop):
+        def call_at(self, when: float, callback: Any, *args: Any, context: Any = None) -> Any:
+            timers.append(getattr(callback, "__name__", ""))
+            return super().call_at(when, callback, *args, context=context)
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        members = [AIOGroupMember(config(embedded_kafka, "aio-timers-g")) for _ in range(30)]
+
+        async def wait(m: AIOGroupMember) -> float:
+            start = loop.time()
+            await m.poll(0.3)
+            return loop.time() - start
+
+        timers.clear()
+        waited = await asyncio.gather(*(wait(m) for m in members))
+        wait_timers = [t for t in timers if t in ("_end_slot", "_wake_timer")]
+        assert min(waited) >= 0.3, waited
+        assert 1 <= len(wait_timers) < len(members) // 2, wait_timers
+        await asyncio.gather(*(m.close() for m in members))
+
+    with asyncio.Runner(loop_factory=CountingLoop) as runner:
+        runner.run(asyncio.wait_for(main(), 60))
+
+
+def _read_offsets(out: Any, printed: list[int], enough_at: int, enough: threading.Event) -> None:
+    """(a thread) Offsets a member process prints, one a line, into ``printed``; ``enough``
+    is set once it holds ``enough_at`` or the process ended."""
+    for line in out:
+        printed.append(int(line))
+        if len(printed) >= enough_at:
+            enough.set()
+    enough.set()
+
+
+def test_kill_9_mid_stream_commits_no_record_that_was_not_handed_out(
+    embedded_kafka: EmbeddedKafka,
+) -> None:
+    """``async for`` consumer processes with auto-commit, each killed with SIGKILL at a
+    random record while records it took from librdkafka wait in its buffer: the group's
+    committed offset is at most one past the records it was handed (the last one printed,
+    and one it may have been handed and not printed yet), and auto-commit did commit; the
+    next process goes on from there. Two rounds: a commit of the buffered records shows
+    unless the kill falls at the end of a buffered batch."""
+    topic, group = "aio-kill9", "aio-kill9-g"
+    embedded_kafka.create_topic(topic, partitions=1)
+    embedded_kafka.produce(topic, [b"x" * 10] * 20_000)
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": f"{root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    committed = 0
+    for _ in range(2):
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tests.runtime.aio_autocommit_member",
+                embedded_kafka.bootstrap_servers,
+                group,
+                topic,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            cwd=root,
+            env=env,
+        )
+        printed: list[int] = []
+        kill_after = 200 + random.randrange(100)
+        enough = threading.Event()
+        reader = threading.Thread(
+            target=_read_offsets, args=(proc.stdout, printed, kill_after, enough), daemon=True
+        )
+        reader.start()
+        try:
+            # The second process gets the partition once the first one's session expired.
+            enough.wait(90)
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(10)
+        reader.join(10)  # the rest of what it printed before the kill
+        assert len(printed) >= kill_after, f"the member printed only {len(printed)} offsets"
+        assert printed == list(range(committed, committed + len(printed)))
+        checker = Consumer(config(embedded_kafka, group))
+        try:
+            found = checker.committed([TopicPartition(topic, 0)], timeout=10)[0].offset
+        finally:
+            checker.close()
+        assert committed < found <= printed[-1] + 2, (committed, found, printed[-1])
+        committed = found
 
 
 def test_cancelled_sync_commit_and_close_still_complete(embedded_kafka: EmbeddedKafka) -> None:
