@@ -483,7 +483,7 @@ def run(quick: bool = False) -> dict[str, Any]:
 
 REAL_PARTITIONS = 12
 #: Fixed-cost queries of each kind, alternated; their medians are reported.
-FIXED_RUNS = 3
+FIXED_RUNS = 5
 
 
 def _map_in_arrow_reader(bootstrap: str, topic: str, ends: dict[int, int]) -> Any:
