@@ -80,8 +80,15 @@ _COMMIT_TIMEOUT_S = 5.0
 
 
 #: The module pyspark runs (``python -m``) as the stream-reader process.
-_STREAM_READER_MAIN = "pyspark.sql.streaming.python_streaming_source_runner"
+STREAM_READER_MAIN = "pyspark.sql.streaming.python_streaming_source_runner"
 _member_import_lock = threading.Lock()
+_import_started = threading.Event()
+
+
+def in_stream_reader_process() -> bool:
+    """Whether this is pyspark's stream-reader process (its runner module is ``__main__``)."""
+    main = getattr(sys.modules.get("__main__"), "__spec__", None)
+    return getattr(main, "name", None) == STREAM_READER_MAIN
 
 
 def _member_class() -> Callable[[dict[str, Any]], SourceMember]:
@@ -94,9 +101,8 @@ def _member_class() -> Callable[[dict[str, Any]], SourceMember]:
     of CPU at each query start and serves nothing there. Hidden only during the import.
     """
     with _member_import_lock:
-        main = getattr(sys.modules.get("__main__"), "__spec__", None)
         hide = (
-            getattr(main, "name", None) == _STREAM_READER_MAIN
+            in_stream_reader_process()
             and "hypothesis" not in sys.modules
             and "kio" not in sys.modules
         )
@@ -113,6 +119,15 @@ def _member_class() -> Callable[[dict[str, Any]], SourceMember]:
 def _import_sdk() -> None:
     with contextlib.suppress(Exception):  # the member's creation reports any failure
         _member_class()
+
+
+def start_member_import() -> None:
+    """Import ``consumer_sdk`` on a thread of its own, once per process: the stream reader
+    starts it when Spark constructs it, so the import overlaps Spark's calls before the
+    first one that needs the member (and the broker check in that call)."""
+    if not _import_started.is_set():
+        _import_started.set()
+        threading.Thread(target=_import_sdk, name="kip848-import", daemon=True).start()
 
 
 def _group_member(config: dict[str, Any]) -> SourceMember:
@@ -152,7 +167,7 @@ class GroupReader:
         if member_factory is None and options.membership:
             # Import consumer_sdk (a few hundred ms) while the first call waits on the
             # broker (startup check, metadata): librdkafka's waits release the GIL.
-            threading.Thread(target=_import_sdk, name="kip848-import", daemon=True).start()
+            start_member_import()
         self._member: SourceMember | None = None
         self._lookups = ClusterOffsets(options)
         self._lock = threading.RLock()

@@ -10,6 +10,7 @@ copy carries only the parsed options and an id.
 from __future__ import annotations
 
 import logging
+import sys
 import uuid
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
@@ -45,6 +46,15 @@ __all__ = [
 ]
 
 log = logging.getLogger("spark_integration")
+
+#: The module pyspark runs as the stream-reader process (``spark_integration.driver`` has
+#: the same; this module must not import it: executors unpickle readers through it).
+_STREAM_READER_MAIN = "pyspark.sql.streaming.python_streaming_source_runner"
+
+
+def _in_stream_reader_process() -> bool:
+    main = getattr(sys.modules.get("__main__"), "__spec__", None)
+    return getattr(main, "name", None) == _STREAM_READER_MAIN
 
 
 class Kip848Partition(InputPartition):  # type: ignore[misc,unused-ignore]
@@ -109,6 +119,13 @@ class Kip848StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  
     def __init__(self, options: SourceOptions) -> None:
         self.options = options
         self.reader_id = uuid.uuid4().hex
+        if options.membership and _in_stream_reader_process():
+            # Spark constructs this reader some calls before the first that needs the group
+            # member: start importing consumer_sdk now (the planner's and executors' copies
+            # import nothing).
+            from spark_integration.driver import start_member_import
+
+            start_member_import()
 
     def _driver(self) -> GroupReader:
         from spark_integration.lifecycle import reader_for  # not on executors: no consumer_sdk

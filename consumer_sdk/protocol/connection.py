@@ -19,20 +19,6 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import TypeVar
 
-from kio.schema.api_versions.v0.request import ApiVersionsRequest as ApiVersionsRequestV0
-from kio.schema.api_versions.v0.response import ApiVersionsResponse as ApiVersionsResponseV0
-from kio.schema.api_versions.v1.request import ApiVersionsRequest as ApiVersionsRequestV1
-from kio.schema.api_versions.v1.response import ApiVersionsResponse as ApiVersionsResponseV1
-from kio.schema.api_versions.v2.request import ApiVersionsRequest as ApiVersionsRequestV2
-from kio.schema.api_versions.v2.response import ApiVersionsResponse as ApiVersionsResponseV2
-from kio.schema.api_versions.v3.request import ApiVersionsRequest as ApiVersionsRequestV3
-from kio.schema.api_versions.v3.response import ApiVersionsResponse as ApiVersionsResponseV3
-from kio.schema.api_versions.v4.request import ApiVersionsRequest as ApiVersionsRequestV4
-from kio.schema.api_versions.v4.response import ApiVersionsResponse as ApiVersionsResponseV4
-from kio.schema.sasl_authenticate.v1.request import SaslAuthenticateRequest
-from kio.schema.sasl_authenticate.v1.response import SaslAuthenticateResponse
-from kio.schema.sasl_handshake.v1.request import SaslHandshakeRequest
-from kio.schema.sasl_handshake.v1.response import SaslHandshakeResponse
 from kio.static.protocol import RequestPayload, ResponsePayload
 
 from consumer_sdk._version import __version__
@@ -43,6 +29,7 @@ from consumer_sdk.errors import (
     KafkaTransportError,
     ProtocolError,
 )
+from consumer_sdk.protocol import messages
 from consumer_sdk.protocol.framing import (
     api_versions_error_code,
     decode_api_versions_v0,
@@ -65,13 +52,9 @@ log = logging.getLogger("consumer_sdk.protocol")
 
 R = TypeVar("R", bound=ResponsePayload)
 
-_API_VERSIONS: dict[int, tuple[type[RequestPayload], type[ResponsePayload]]] = {
-    0: (ApiVersionsRequestV0, ApiVersionsResponseV0),
-    1: (ApiVersionsRequestV1, ApiVersionsResponseV1),
-    2: (ApiVersionsRequestV2, ApiVersionsResponseV2),
-    3: (ApiVersionsRequestV3, ApiVersionsResponseV3),
-    4: (ApiVersionsRequestV4, ApiVersionsResponseV4),
-}
+# Each version's kio schemas are imported when first sent: a connection uses one (two after
+# a downgrade), and every process that opens one pays the import.
+_API_VERSIONS = messages.Schemas("api_versions", (0, 1, 2, 3, 4))
 _API_VERSIONS_MAX = max(_API_VERSIONS)
 
 
@@ -339,7 +322,9 @@ class BrokerConnection:
     def _negotiate_api_versions(self, deadline: float) -> None:
         version = _API_VERSIONS_MAX
         for _ in range(len(_API_VERSIONS) + 1):
-            request_type, response_type = _API_VERSIONS[version]
+            request_module, response_module = _API_VERSIONS[version]
+            request_type: type[RequestPayload] = request_module.ApiVersionsRequest
+            response_type: type[ResponsePayload] = response_module.ApiVersionsResponse
             payload = (
                 request_type(
                     client_software_name="consumer-sdk", client_software_version=__version__
@@ -385,6 +370,12 @@ class BrokerConnection:
     def _authenticate(self, deadline: float) -> None:
         """SaslHandshake + SaslAuthenticate; with a session lifetime from the broker (KIP-368),
         schedule the re-authentication that keeps this connection open past it."""
+        # Imported here: only SASL connections use them.
+        from kio.schema.sasl_authenticate.v1.request import SaslAuthenticateRequest
+        from kio.schema.sasl_authenticate.v1.response import SaslAuthenticateResponse
+        from kio.schema.sasl_handshake.v1.request import SaslHandshakeRequest
+        from kio.schema.sasl_handshake.v1.response import SaslHandshakeResponse
+
         s = self.settings
         self._reauth_at = None
         handshake = self.request(

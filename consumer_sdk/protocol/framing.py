@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import io
 import struct
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from kio.schema.api_versions.v0.response import ApiVersionsResponse as _ApiVersionsV0
 from kio.schema.response_header.v0.header import ResponseHeader as ResponseHeaderV0
 from kio.schema.response_header.v1.header import ResponseHeader as ResponseHeaderV1
 from kio.serial import entity_reader, entity_writer
@@ -20,6 +19,9 @@ from kio.static.protocol import RequestPayload, ResponsePayload
 
 from consumer_sdk.errors import ProtocolError
 from consumer_sdk.protocol.frame_guard import FrameBoundsError, check_frame
+
+if TYPE_CHECKING:
+    from kio.schema.api_versions.v0.response import ApiVersionsResponse as _ApiVersionsV0
 
 __all__ = [
     "API_VERSIONS_KEY",
@@ -163,6 +165,9 @@ def decode_api_versions_v0(frame: bytes) -> _ApiVersionsV0:
     A broker that does not support the requested ApiVersions version answers
     UNSUPPORTED_VERSION with a v0 body listing its ranges.
     """
+    # Imported here: only a broker that rejects our ApiVersions version needs it.
+    from kio.schema.api_versions.v0.response import ApiVersionsResponse as _ApiVersionsV0
+
     _check_bounds(frame, ResponseHeaderV0, _ApiVersionsV0)
     try:
         _, offset = entity_reader(ResponseHeaderV0)(frame, 0)

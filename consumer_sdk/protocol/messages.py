@@ -47,6 +47,7 @@ __all__ = [
     "API_OFFSET_COMMIT",
     "API_OFFSET_FETCH",
     "SUPPORTED_VERSIONS",
+    "Schemas",
     "api_name",
 ]
 
@@ -84,7 +85,7 @@ def api_name(api_key: int) -> str:
 Call = tuple[RequestPayload, type[ResponsePayload]]
 
 
-class _Schemas(Mapping[int, tuple[ModuleType, ModuleType]]):
+class Schemas(Mapping[int, tuple[ModuleType, ModuleType]]):
     """One API's kio request and response modules per version, each imported when first
     used: a client uses one version of each API, and importing every version's modules up
     front cost every process about 0.1 s of CPU at start."""
@@ -111,15 +112,15 @@ class _Schemas(Mapping[int, tuple[ModuleType, ModuleType]]):
         return len(self._versions)
 
 
-_HB = _Schemas("consumer_group_heartbeat", (0, 1))
-_FC = _Schemas("find_coordinator", (3, 4, 5, 6))
-_MD = _Schemas("metadata", (10, 11, 12))
-_OC = _Schemas("offset_commit", (9,))
-_OF = _Schemas("offset_fetch", (6, 7, 8, 9))
-_CGD = _Schemas("consumer_group_describe", (0, 1))
-_LG = _Schemas("list_groups", (5,))
-_LO = _Schemas("list_offsets", (7, 8, 9))
-_DC = _Schemas("describe_configs", (4,))
+_HB = Schemas("consumer_group_heartbeat", (0, 1))
+_FC = Schemas("find_coordinator", (3, 4, 5, 6))
+_MD = Schemas("metadata", (10, 11, 12))
+_OC = Schemas("offset_commit", (9,))
+_OF = Schemas("offset_fetch", (6, 7, 8, 9))
+_CGD = Schemas("consumer_group_describe", (0, 1))
+_LG = Schemas("list_groups", (5,))
+_LO = Schemas("list_offsets", (7, 8, 9))
+_DC = Schemas("describe_configs", (4,))
 
 #: Versions this SDK implements, per API key (the highest one the broker also has is used).
 SUPPORTED_VERSIONS: dict[int, tuple[int, ...]] = {

@@ -47,7 +47,7 @@ PARSED: list[tuple[type[Any], Any]] = [
     *((_response(r), m.offset_fetch_from_kio) for _, r in m._OF.values()),
     *((_response(r), m.consumer_group_describe_from_kio) for _, r in m._CGD.values()),
     (OffsetCommitV9, m.offset_commit_from_kio),
-    *((resp, None) for _, resp in _API_VERSIONS.values()),
+    *((_response(r), None) for _, r in _API_VERSIONS.values()),
     (SaslHandshakeResponse, None),
     (SaslAuthenticateResponse, None),
 ]

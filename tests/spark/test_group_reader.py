@@ -676,7 +676,7 @@ _IMPORT_PROBE = textwrap.dedent(
     import sys, types
     from spark_integration import driver
     if sys.argv[1] == "stream-reader":
-        sys.modules["__main__"].__spec__ = types.SimpleNamespace(name=driver._STREAM_READER_MAIN)
+        sys.modules["__main__"].__spec__ = types.SimpleNamespace(name=driver.STREAM_READER_MAIN)
     driver._member_class()
     loaded = "hypothesis" in sys.modules
     heavy = [m for m in ("pydantic", "urllib.request", "http.client") if m in sys.modules]
@@ -741,3 +741,45 @@ def test_a_member_built_during_a_failed_start_is_closed(embedded_kafka: Embedded
         reader.close()
         for member in built:
             member.close(timeout=1)
+
+
+_CONSTRUCT_PROBE = textwrap.dedent(
+    """
+    import sys, time, types
+    from spark_integration import driver
+    from spark_integration.options import SourceOptions
+    from spark_integration.source import Kip848StreamReader
+    if sys.argv[1] == "stream-reader":
+        sys.modules["__main__"].__spec__ = types.SimpleNamespace(name=driver.STREAM_READER_MAIN)
+    options = {"kafka.bootstrap.servers": "127.0.0.1:1", "group.id": "g"}
+    options["subscribe" if sys.argv[2] == "subscribe" else "assign"] = (
+        "t" if sys.argv[2] == "subscribe" else '{"t": [0]}'
+    )
+    Kip848StreamReader(SourceOptions.parse(options))
+    deadline = time.monotonic() + 60
+    while "consumer_sdk.runtime.group_member" not in sys.modules and time.monotonic() < deadline:
+        time.sleep(0.01)
+        if sys.argv[1] != "stream-reader" or sys.argv[2] != "subscribe":
+            break  # nothing was started: no thread to wait for
+    print("consumer_sdk.runtime.group_member" in sys.modules)
+    """
+)
+
+
+def test_the_stream_reader_starts_importing_the_member_when_spark_constructs_it() -> None:
+    """In the stream-reader process, constructing a group reader starts importing the
+    member (it overlaps Spark's calls before the first that needs it); the planner's and
+    executors' copies, and ``assign`` readers (no member), import nothing."""
+    for process, mode, imported in (
+        ("stream-reader", "subscribe", "True"),
+        ("stream-reader", "assign", "False"),
+        ("any other", "subscribe", "False"),
+    ):
+        out = subprocess.run(
+            [sys.executable, "-c", _CONSTRUCT_PROBE, process, mode],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+        )
+        assert out.stdout.strip() == imported, (process, mode, out.stdout, out.stderr)
