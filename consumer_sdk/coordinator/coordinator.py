@@ -137,6 +137,9 @@ class GroupCoordinator:
         self._regex_cache: dict[str, tuple[int, frozenset[str]]] = {}
         self._now = 0
         self.heartbeats = 0
+        # The plain-heartbeat shortcut (see `heartbeat`); the differential test turns it off
+        # in the reference coordinator.
+        self._shortcut = True
 
     # ------------------------------------------------------------------------------------------
     # Views
@@ -373,27 +376,42 @@ class GroupCoordinator:
         """Answer one ConsumerGroupHeartbeat at ``now_ms``."""
         self._now = now_ms
         self.heartbeats += 1
-        # Most heartbeats: a stable member sends again the very plain request (requests are
-        # immutable) last answered without a change, and nothing changed since (its epoch is
-        # the group's and the assignment's, no fault is on): validating, updating and
-        # reconciling it would find nothing to do, so only its session restarts. (A static
-        # member found by its member id owns its instance id: a new member with that instance
-        # id only joins by replacing it.)
+        # Most heartbeats are plain (identity fields only) from a member whose epoch is the
+        # group's current one, with no fault on: validating such a request and updating the
+        # member from it would find nothing to do (a member found by its member id exists, so
+        # its ids were valid when it joined; a static member found so owns its instance id),
+        # so it goes straight to reconciliation; and a stable member at the assignment epoch
+        # only has its session restarted. The member sends again the very request object it
+        # last sent while its epoch holds (requests are immutable), which is checked first.
         group = self._groups.get(request.group_id)
-        if group is not None:
+        if group is not None and self._shortcut:
             m = group.members.get(request.member_id)
             if (
                 m is not None
-                and request is m.plain_request
                 and m.epoch == request.member_epoch
-                and m.state is MAS.STABLE
-                and m.epoch == group.assignment_epoch == group.group_epoch
+                and group.group_epoch == group.assignment_epoch
                 and self._loaded
                 and not self._injected
                 and now_ms >= self._loading_until_ms
+                and (
+                    request is m.plain_request
+                    or (
+                        request.member_epoch > 0
+                        and request.topic_partitions is None
+                        and request.rebalance_timeout_ms == -1
+                        and request.subscribed_topic_names is None
+                        and request.subscribed_topic_regex is None
+                        and request.server_assignor is None
+                        and request.rack_id is None
+                        and request.instance_id == m.instance_id
+                    )
+                )
             ):
-                self._arm_session(group, m, now_ms)
-                return self._plain_response(m)
+                if m.state is MAS.STABLE and m.epoch == group.assignment_epoch:
+                    self._arm_session(group, m, now_ms)
+                    m.plain_request = request
+                    return self._plain_response(m)
+                return self._reconcile(now_ms, request, group, m, None, False, None)
         try:
             if self._injected:
                 self._maybe_injected(request)
@@ -594,6 +612,21 @@ class GroupCoordinator:
             if last is None or interval == 0 or now_ms - last >= interval:
                 self._compute_target(group, now_ms)
 
+        return self._reconcile(now_ms, req, group, m, owned, subscription_changed, replaced)
+
+    def _reconcile(
+        self,
+        now_ms: int,
+        req: HeartbeatRequest,
+        group: _Group,
+        m: _Member,
+        owned: frozenset[IdPartition] | None,
+        subscription_changed: bool,
+        replaced: _Member | None,
+    ) -> HeartbeatResponse:
+        """Steps 4 and 5 of a heartbeat: reconcile the member towards its target, restart its
+        session and answer."""
+        epoch = req.member_epoch
         # 4. Reconcile the member towards its target.
         before = m.assigned
         if not (
