@@ -102,7 +102,10 @@ class _Group:
     static: dict[str, str] = field(default_factory=dict)
     holders: dict[IdPartition, str] = field(default_factory=dict)
     targets: dict[str, dict[uuid.UUID, frozenset[int]]] = field(default_factory=dict)
-    target_sets: dict[str, frozenset[IdPartition]] = field(default_factory=dict)
+    # Per member: its target as a set of partitions, and the topics it has partitions of.
+    target_sets: dict[str, tuple[frozenset[IdPartition], frozenset[uuid.UUID]]] = field(
+        default_factory=dict
+    )
     assignor: str = "uniform"
     metadata: tuple[tuple[str, int], ...] = ()
     unreconciled: set[str] = field(default_factory=set)
@@ -629,17 +632,35 @@ class GroupCoordinator:
         epoch = req.member_epoch
         # 4. Reconcile the member towards its target.
         before = m.assigned
-        if not (
-            m.state is MAS.STABLE and m.epoch == group.assignment_epoch and not subscription_changed
+        state = m.state
+        if state is MAS.STABLE and m.epoch == group.assignment_epoch and not subscription_changed:
+            pass
+        elif (
+            state is MAS.STABLE
+            and not m.pending
+            and not subscription_changed
+            and self._shortcut
+            and self._unchanged_target(group, m)
         ):
+            # Most members across a rebalance: `reconcile` would move the member to the
+            # assignment epoch with the partitions it has (nothing to revoke or add).
+            m.previous_epoch = m.epoch
+            m.epoch = group.assignment_epoch
+            m.rebalance_deadline_ms = None
+            group.unreconciled.discard(m.member_id)
+            self._update_state(group)
+        else:
             view = m.view()
+            target, target_topics = self._target_entry(group, m.member_id)
+            subscribed = self._subscribed(m)
             result = reconcile(
                 view,
                 target_epoch=group.assignment_epoch,
-                target=self._target(group, m.member_id),
+                target=target,
                 owned=owned,
-                subscribed=self._subscribed(m),
+                subscribed=subscribed,
                 held_by_other=_held_by_other(group.holders, m.member_id),
+                target_subscribed=target_topics <= subscribed,
             )
             if result is not view and result != view:
                 self._set_member(
@@ -680,6 +701,11 @@ class GroupCoordinator:
         ):
             m.plain_request = req
         return self._plain_response(m)
+
+    def _unchanged_target(self, group: _Group, m: _Member) -> bool:
+        """Whether the member's target (all of it subscribed) is what it is assigned."""
+        target, topics = self._target_entry(group, m.member_id)
+        return target == m.assigned and topics <= self._subscribed(m)
 
     def _plain_response(self, m: _Member) -> HeartbeatResponse:
         """No assignment to send: the answer of most heartbeats, reused (responses are
@@ -889,8 +915,14 @@ class GroupCoordinator:
                 E.UNKNOWN_SERVER_ERROR,
                 f"Failed to compute a new target assignment for epoch {group.group_epoch}: {exc}",
             ) from None
-        group.targets = targets
-        group.target_sets = {}
+        # A member's target set stays while its target does (most members' across a
+        # rebalance): building it hashes every partition's topic id, which is Python code.
+        previous, group.targets = group.targets, targets
+        group.target_sets = {
+            mid: entry
+            for mid, entry in group.target_sets.items()
+            if targets.get(mid) == previous.get(mid)
+        }
         group.metadata = self._metadata_fingerprint(group)
         group.assignor = name
         group.assignment_epoch = group.group_epoch
@@ -906,10 +938,19 @@ class GroupCoordinator:
         self._update_state(group)
 
     def _target(self, group: _Group, member_id: str) -> frozenset[IdPartition]:
+        return self._target_entry(group, member_id)[0]
+
+    def _target_entry(
+        self, group: _Group, member_id: str
+    ) -> tuple[frozenset[IdPartition], frozenset[uuid.UUID]]:
+        """The member's target partitions, and the topics they belong to."""
         cached = group.target_sets.get(member_id)
         if cached is None:
             per_topic = group.targets.get(member_id, {})
-            cached = frozenset((tid, p) for tid, parts in per_topic.items() for p in parts)
+            cached = (
+                frozenset((tid, p) for tid, parts in per_topic.items() for p in parts),
+                frozenset(tid for tid, parts in per_topic.items() if parts),
+            )
             group.target_sets[member_id] = cached
         return cached
 
