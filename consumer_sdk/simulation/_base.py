@@ -80,7 +80,8 @@ _RESTART = 14
 _CLOSE_TIMEOUT = 15
 _DISCONNECT = 16
 
-_MEMBER_EVENTS = frozenset({_WAKE, _TICK, _RESPONSE, _TIMEOUT, _CALLBACK_DONE, _CLOSE_TIMEOUT})
+#: The largest event kind (the loop indexes a list by kind).
+_MAX_KIND = _DISCONNECT
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +129,7 @@ class _Member:
     rng: random.Random
     static: bool
     member_id: str
+    link: random.Random  # the slot's link draws (shared by its incarnations)
     alive: bool = True
     closing: bool = False
     app_active: bool = True
@@ -270,7 +272,7 @@ class SimBase:
     def _run_callbacks(self, m: _Member) -> None:
         raise NotImplementedError
 
-    def _link(self, slot: int, lossy: bool) -> int:
+    def _link(self, rng: random.Random, lossy: bool) -> int:
         raise NotImplementedError
 
     def _send(self, m: _Member, request: Outbound) -> None:
