@@ -153,6 +153,7 @@ class _Member:
     deferred: list[tuple[int, int, Any, Any]] = field(default_factory=list)
     owned: frozenset[tuple[str, int]] = frozenset()
     last_epoch: int = 0
+    idle: bool = False  # the core's state is in IDLE_STATES, as of the last StateChanged
     reconciling_since: int = -1
     last_error: int = 0
     fatal: bool = False

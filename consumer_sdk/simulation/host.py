@@ -159,7 +159,8 @@ class MemberHost(SimBase):
 
     def _drive(self, m: _Member) -> None:
         """Drain the core's events, then run the member's driver (it sends what is due over
-        the simulated links); schedule the next wake-up."""
+        the simulated links); schedule the next wake-up. (After a drain, ``m.idle`` is
+        whether the core's state is one of `IDLE_STATES`: every transition is an event.)"""
         now = self.now
         core = m.core
         driver = m.driver
@@ -171,7 +172,7 @@ class MemberHost(SimBase):
         if (
             self.config.coalesce_polls
             and m.app_active
-            and (now - m.delivered_poll >= self._poll_refresh_ms or core.state not in IDLE_STATES)
+            and (now - m.delivered_poll >= self._poll_refresh_ms or not m.idle)
         ):
             self._deliver_poll(m)  # (its first checks, inline: a stable member skips it)
         self.report.core_calls += 1
@@ -185,9 +186,7 @@ class MemberHost(SimBase):
             m.wake_at = at
             m.wake_token = token = m.wake_token + 1
             self._push(at, _WAKE, m.slot, (m.inc, token), None)
-        if m.tick_at < 0 and (
-            m.pending_callbacks or core.app_events or core.state not in IDLE_STATES
-        ):
+        if m.tick_at < 0 and (m.pending_callbacks or core.app_events or not m.idle):
             self._schedule_tick(m, now)
 
     def _on_wake(self, m: _Member, x: Any, _y: Any) -> None:
@@ -280,6 +279,7 @@ class MemberHost(SimBase):
             if isinstance(event, AssignmentChanged):
                 self._set_owned(m, frozenset(event.partitions))
             elif isinstance(event, StateChanged):
+                m.idle = event.new in IDLE_STATES
                 self._on_state_changed(m, event)
             elif isinstance(event, CallbacksNeeded):
                 m.pending_callbacks.append(event)
