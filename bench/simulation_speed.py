@@ -13,6 +13,7 @@ the CPU per heartbeat.
 from __future__ import annotations
 
 import argparse
+import os
 import resource
 import time
 from typing import Any
@@ -44,6 +45,7 @@ def run(members: int = 1000, minutes: float = 60.0, seed: int = 7) -> dict[str, 
         "heartbeats": report.heartbeats,
         "cpu_us_per_heartbeat": round(cpu / max(report.heartbeats, 1) * 1e6, 1),
         "violations": len(report.violations),
+        "load_average": [round(x, 1) for x in os.getloadavg()],
     }
 
 
@@ -54,6 +56,9 @@ def render(result: dict[str, Any]) -> list[str]:
         verdict = f"Goal: {met} ({result['cpu_vs_goal']:.2f} of the {result['goal_s']:.0f} s)."
     else:
         verdict = "A shorter run than the goal's (the quick variant): goal not judged."
+    if "load_average" in result:
+        load = " / ".join(f"{x:.1f}" for x in result["load_average"])
+        verdict += f" Load average at the end of the run: {load} (1, 5, 15 min)."
     return [
         f"## Simulator (goal: 1,000 members x 60 virtual minutes in <= {result['goal_s']:.0f} s)",
         "",
