@@ -102,7 +102,10 @@ class _Group:
     static: dict[str, str] = field(default_factory=dict)
     holders: dict[IdPartition, str] = field(default_factory=dict)
     targets: dict[str, dict[uuid.UUID, frozenset[int]]] = field(default_factory=dict)
-    target_sets: dict[str, frozenset[IdPartition]] = field(default_factory=dict)
+    # Per member: its target as a set of partitions, and the topics it has partitions of.
+    target_sets: dict[str, tuple[frozenset[IdPartition], frozenset[uuid.UUID]]] = field(
+        default_factory=dict
+    )
     assignor: str = "uniform"
     metadata: tuple[tuple[str, int], ...] = ()
     unreconciled: set[str] = field(default_factory=set)
@@ -137,6 +140,9 @@ class GroupCoordinator:
         self._regex_cache: dict[str, tuple[int, frozenset[str]]] = {}
         self._now = 0
         self.heartbeats = 0
+        # The plain-heartbeat shortcut (see `heartbeat`); the differential test turns it off
+        # in the reference coordinator.
+        self._shortcut = True
 
     # ------------------------------------------------------------------------------------------
     # Views
@@ -373,27 +379,42 @@ class GroupCoordinator:
         """Answer one ConsumerGroupHeartbeat at ``now_ms``."""
         self._now = now_ms
         self.heartbeats += 1
-        # Most heartbeats: a stable member sends again the very plain request (requests are
-        # immutable) last answered without a change, and nothing changed since (its epoch is
-        # the group's and the assignment's, no fault is on): validating, updating and
-        # reconciling it would find nothing to do, so only its session restarts. (A static
-        # member found by its member id owns its instance id: a new member with that instance
-        # id only joins by replacing it.)
+        # Most heartbeats are plain (identity fields only) from a member whose epoch is the
+        # group's current one, with no fault on: validating such a request and updating the
+        # member from it would find nothing to do (a member found by its member id exists, so
+        # its ids were valid when it joined; a static member found so owns its instance id),
+        # so it goes straight to reconciliation; and a stable member at the assignment epoch
+        # only has its session restarted. The member sends again the very request object it
+        # last sent while its epoch holds (requests are immutable), which is checked first.
         group = self._groups.get(request.group_id)
-        if group is not None:
+        if group is not None and self._shortcut:
             m = group.members.get(request.member_id)
             if (
                 m is not None
-                and request is m.plain_request
                 and m.epoch == request.member_epoch
-                and m.state is MAS.STABLE
-                and m.epoch == group.assignment_epoch == group.group_epoch
+                and group.group_epoch == group.assignment_epoch
                 and self._loaded
                 and not self._injected
                 and now_ms >= self._loading_until_ms
+                and (
+                    request is m.plain_request
+                    or (
+                        request.member_epoch > 0
+                        and request.topic_partitions is None
+                        and request.rebalance_timeout_ms == -1
+                        and request.subscribed_topic_names is None
+                        and request.subscribed_topic_regex is None
+                        and request.server_assignor is None
+                        and request.rack_id is None
+                        and request.instance_id == m.instance_id
+                    )
+                )
             ):
-                self._arm_session(group, m, now_ms)
-                return self._plain_response(m)
+                if m.state is MAS.STABLE and m.epoch == group.assignment_epoch:
+                    self._arm_session(group, m, now_ms)
+                    m.plain_request = request
+                    return self._plain_response(m)
+                return self._reconcile(now_ms, request, group, m, None, False, None)
         try:
             if self._injected:
                 self._maybe_injected(request)
@@ -594,19 +615,52 @@ class GroupCoordinator:
             if last is None or interval == 0 or now_ms - last >= interval:
                 self._compute_target(group, now_ms)
 
+        return self._reconcile(now_ms, req, group, m, owned, subscription_changed, replaced)
+
+    def _reconcile(
+        self,
+        now_ms: int,
+        req: HeartbeatRequest,
+        group: _Group,
+        m: _Member,
+        owned: frozenset[IdPartition] | None,
+        subscription_changed: bool,
+        replaced: _Member | None,
+    ) -> HeartbeatResponse:
+        """Steps 4 and 5 of a heartbeat: reconcile the member towards its target, restart its
+        session and answer."""
+        epoch = req.member_epoch
         # 4. Reconcile the member towards its target.
         before = m.assigned
-        if not (
-            m.state is MAS.STABLE and m.epoch == group.assignment_epoch and not subscription_changed
+        state = m.state
+        if state is MAS.STABLE and m.epoch == group.assignment_epoch and not subscription_changed:
+            pass
+        elif (
+            state is MAS.STABLE
+            and not m.pending
+            and not subscription_changed
+            and self._shortcut
+            and self._unchanged_target(group, m)
         ):
+            # Most members across a rebalance: `reconcile` would move the member to the
+            # assignment epoch with the partitions it has (nothing to revoke or add).
+            m.previous_epoch = m.epoch
+            m.epoch = group.assignment_epoch
+            m.rebalance_deadline_ms = None
+            group.unreconciled.discard(m.member_id)
+            self._update_state(group)
+        else:
             view = m.view()
+            target, target_topics = self._target_entry(group, m.member_id)
+            subscribed = self._subscribed(m)
             result = reconcile(
                 view,
                 target_epoch=group.assignment_epoch,
-                target=self._target(group, m.member_id),
+                target=target,
                 owned=owned,
-                subscribed=self._subscribed(m),
+                subscribed=subscribed,
                 held_by_other=_held_by_other(group.holders, m.member_id),
+                target_subscribed=target_topics <= subscribed,
             )
             if result is not view and result != view:
                 self._set_member(
@@ -647,6 +701,11 @@ class GroupCoordinator:
         ):
             m.plain_request = req
         return self._plain_response(m)
+
+    def _unchanged_target(self, group: _Group, m: _Member) -> bool:
+        """Whether the member's target (all of it subscribed) is what it is assigned."""
+        target, topics = self._target_entry(group, m.member_id)
+        return target == m.assigned and topics <= self._subscribed(m)
 
     def _plain_response(self, m: _Member) -> HeartbeatResponse:
         """No assignment to send: the answer of most heartbeats, reused (responses are
@@ -856,8 +915,14 @@ class GroupCoordinator:
                 E.UNKNOWN_SERVER_ERROR,
                 f"Failed to compute a new target assignment for epoch {group.group_epoch}: {exc}",
             ) from None
-        group.targets = targets
-        group.target_sets = {}
+        # A member's target set stays while its target does (most members' across a
+        # rebalance): building it hashes every partition's topic id, which is Python code.
+        previous, group.targets = group.targets, targets
+        group.target_sets = {
+            mid: entry
+            for mid, entry in group.target_sets.items()
+            if targets.get(mid) == previous.get(mid)
+        }
         group.metadata = self._metadata_fingerprint(group)
         group.assignor = name
         group.assignment_epoch = group.group_epoch
@@ -873,10 +938,19 @@ class GroupCoordinator:
         self._update_state(group)
 
     def _target(self, group: _Group, member_id: str) -> frozenset[IdPartition]:
+        return self._target_entry(group, member_id)[0]
+
+    def _target_entry(
+        self, group: _Group, member_id: str
+    ) -> tuple[frozenset[IdPartition], frozenset[uuid.UUID]]:
+        """The member's target partitions, and the topics they belong to."""
         cached = group.target_sets.get(member_id)
         if cached is None:
             per_topic = group.targets.get(member_id, {})
-            cached = frozenset((tid, p) for tid, parts in per_topic.items() for p in parts)
+            cached = (
+                frozenset((tid, p) for tid, parts in per_topic.items() for p in parts),
+                frozenset(tid for tid, parts in per_topic.items() if parts),
+            )
             group.target_sets[member_id] = cached
         return cached
 

@@ -59,26 +59,30 @@ def reconcile(
     owned: Set[IdPartition] | None,
     subscribed: Set[uuid.UUID] | None,
     held_by_other: Callable[[IdPartition], bool],
+    target_subscribed: bool = False,
 ) -> MemberAssignment:
     """The member's next assignment state (``current`` itself when nothing changes).
 
     ``owned`` is the TopicPartitions of the request (None when not sent); ``subscribed`` the
     topic ids the member subscribes to (None: an unresolved regex); ``held_by_other(p)`` tells
     whether another member holds ``p`` (assigned or pending revocation).
+    ``target_subscribed`` says the caller knows every topic of ``target`` is subscribed (the
+    target is then used as it is, not filtered by ``subscribed``).
     """
     state = current.state
+    kept_topics = None if target_subscribed else subscribed
     if state is MAS.STABLE:
         if current.epoch != target_epoch:
             return _next(
-                current, current.epoch, target_epoch, target, owned, subscribed, held_by_other
+                current, current.epoch, target_epoch, target, owned, kept_topics, held_by_other
             )
         return _drop_unsubscribed(current, subscribed)
     if state is MAS.UNREVOKED_PARTITIONS:
         if _owns_any(owned, current.pending_revocation):
             return _drop_unsubscribed(current, subscribed)
         epoch = min(current.epoch + 1, target_epoch)
-        return _next(current, epoch, target_epoch, target, owned, subscribed, held_by_other)
-    return _next(current, current.epoch, target_epoch, target, owned, subscribed, held_by_other)
+        return _next(current, epoch, target_epoch, target, owned, kept_topics, held_by_other)
+    return _next(current, current.epoch, target_epoch, target, owned, kept_topics, held_by_other)
 
 
 def _drop_unsubscribed(

@@ -80,7 +80,8 @@ _RESTART = 14
 _CLOSE_TIMEOUT = 15
 _DISCONNECT = 16
 
-_MEMBER_EVENTS = frozenset({_WAKE, _TICK, _RESPONSE, _TIMEOUT, _CALLBACK_DONE, _CLOSE_TIMEOUT})
+#: The largest event kind (the loop indexes a list by kind).
+_MAX_KIND = _DISCONNECT
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +129,7 @@ class _Member:
     rng: random.Random
     static: bool
     member_id: str
+    link: random.Random  # the slot's link draws (shared by its incarnations)
     alive: bool = True
     closing: bool = False
     app_active: bool = True
@@ -151,6 +153,7 @@ class _Member:
     deferred: list[tuple[int, int, Any, Any]] = field(default_factory=list)
     owned: frozenset[tuple[str, int]] = frozenset()
     last_epoch: int = 0
+    idle: bool = False  # the core's state is in IDLE_STATES, as of the last StateChanged
     reconciling_since: int = -1
     last_error: int = 0
     fatal: bool = False
@@ -270,7 +273,7 @@ class SimBase:
     def _run_callbacks(self, m: _Member) -> None:
         raise NotImplementedError
 
-    def _link(self, slot: int, lossy: bool) -> int:
+    def _link(self, rng: random.Random, lossy: bool) -> int:
         raise NotImplementedError
 
     def _send(self, m: _Member, request: Outbound) -> None:

@@ -39,7 +39,7 @@ from consumer_sdk.simulation._base import (
     _CLOSE_TIMEOUT,
     _COORD_TICK,
     _FAULT,
-    _MEMBER_EVENTS,
+    _MAX_KIND,
     _PROGRESS,
     _RECOVER,
     _RESPONSE,
@@ -224,10 +224,15 @@ class Simulation(MemberHost, Faults, Invariants):
             _CALLBACK_DONE: self._on_callback_done,
             _CLOSE_TIMEOUT: self._on_close_timeout,
         }
+        # Indexed by event kind: a member event's handler, else None (and then `handlers`').
+        by_kind: list[Callable[[_Member, Any, Any], None] | None] = [None] * (_MAX_KIND + 1)
+        for kind, handler in member_handlers.items():
+            by_kind[kind] = handler
         slots = self._slots
-        member_events = _MEMBER_EVENTS
         steps = report.steps
         t = self.now
+        i = 0
+        bucket: list[tuple[int, int, Any, Any]] = []
         try:
             while t <= end:
                 while later and later[0][0] - t < horizon_ms:
@@ -243,23 +248,25 @@ class Simulation(MemberHost, Faults, Invariants):
                     while i < len(bucket):
                         kind, slot, x, y = bucket[i]
                         i += 1
-                        steps += 1
-                        if kind in member_events:
-                            m = slots.get(slot)
-                            # x carries the incarnation for member events.
-                            if m is None or not m.alive or m.inc != x[0]:
+                        member_handler = by_kind[kind]
+                        if member_handler is not None:
+                            # A member event: x carries the incarnation it is for.
+                            m = slots[slot]
+                            if not m.alive or m.inc != x[0]:
                                 continue
                             if m.frozen:
                                 m.deferred.append((kind, 0, x, y))
                                 continue
                             try:
-                                member_handlers[kind](m, x, y)
+                                member_handler(m, x, y)
                             except _StopRun:
                                 raise
                             except Exception as exc:  # a bug in the core (or the host)
                                 self._core_exception(m, exc)
                         else:
                             handlers[kind](slot, x, y)
+                    steps += i
+                    i = 0
                     bucket.clear()
                     occupied[index] = 0
                 # The next millisecond with events: the wheel's next list, else the heap's.
@@ -278,7 +285,7 @@ class Simulation(MemberHost, Faults, Invariants):
         except _StopRun:
             return
         finally:
-            report.steps = steps
+            report.steps = steps + i  # (i: the events of an unfinished millisecond)
 
     def _push(self, t: int, kind: int, slot: int, x: Any, y: Any) -> None:
         ahead = t - self.now

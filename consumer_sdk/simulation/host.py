@@ -100,7 +100,10 @@ class MemberHost(SimBase):
         )
         core = self._core_factory(mconfig, rng)
         now = self.now
-        m = _Member(slot, inc, core, rng, static, core.member_id, poll_origin=now)
+        link = self._links.get(slot)
+        if link is None:
+            link = self._links[slot] = random.Random(f"{cfg.seed}/link/{slot}")
+        m = _Member(slot, inc, core, rng, static, core.member_id, link, poll_origin=now)
         backoff_rng = random.Random(f"{cfg.seed}/backoff/{slot}/{inc}")
         dconfig = self._driver_config
         if static:
@@ -113,8 +116,6 @@ class MemberHost(SimBase):
             lambda: None,  # nothing waits on a shared lookup of its own process
             lambda: Backoff(100, 1_000, 0.2, backoff_rng),
         )
-        if slot not in self._links:
-            self._links[slot] = random.Random(f"{cfg.seed}/link/{slot}")
         self._slots[slot] = m
         self.report.core_calls += 3
         core.on_metadata(now, self.coordinator.topics.names_by_id())
@@ -158,7 +159,8 @@ class MemberHost(SimBase):
 
     def _drive(self, m: _Member) -> None:
         """Drain the core's events, then run the member's driver (it sends what is due over
-        the simulated links); schedule the next wake-up."""
+        the simulated links); schedule the next wake-up. (After a drain, ``m.idle`` is
+        whether the core's state is one of `IDLE_STATES`: every transition is an event.)"""
         now = self.now
         core = m.core
         driver = m.driver
@@ -170,7 +172,7 @@ class MemberHost(SimBase):
         if (
             self.config.coalesce_polls
             and m.app_active
-            and (now - m.delivered_poll >= self._poll_refresh_ms or core.state not in IDLE_STATES)
+            and (now - m.delivered_poll >= self._poll_refresh_ms or not m.idle)
         ):
             self._deliver_poll(m)  # (its first checks, inline: a stable member skips it)
         self.report.core_calls += 1
@@ -184,9 +186,7 @@ class MemberHost(SimBase):
             m.wake_at = at
             m.wake_token = token = m.wake_token + 1
             self._push(at, _WAKE, m.slot, (m.inc, token), None)
-        if m.tick_at < 0 and (
-            m.pending_callbacks or core.app_events or core.state not in IDLE_STATES
-        ):
+        if m.tick_at < 0 and (m.pending_callbacks or core.app_events or not m.idle):
             self._schedule_tick(m, now)
 
     def _on_wake(self, m: _Member, x: Any, _y: Any) -> None:
@@ -279,6 +279,7 @@ class MemberHost(SimBase):
             if isinstance(event, AssignmentChanged):
                 self._set_owned(m, frozenset(event.partitions))
             elif isinstance(event, StateChanged):
+                m.idle = event.new in IDLE_STATES
                 self._on_state_changed(m, event)
             elif isinstance(event, CallbacksNeeded):
                 m.pending_callbacks.append(event)
@@ -315,13 +316,13 @@ class MemberHost(SimBase):
         self._window = i
         return i < len(wins) and now >= wins[i][0]
 
-    def _link(self, slot: int, lossy: bool) -> int:
-        """One message over the slot's link: -1 if it is lost (``lossy`` ones only, in churn
-        windows), else its latency (ms). The link's draws, in this order: ``random() <
-        loss`` (``lossy`` ones), the latency as ``randint(*latency_ms)`` draws it, ``random()
-        < spike_probability`` and the spike's ``randint``."""
+    def _link(self, rng: random.Random, lossy: bool) -> int:
+        """One message over a slot's link (``rng``: the link's draws): -1 if it is lost
+        (``lossy`` ones only, in churn windows), else its latency (ms). The link's draws, in
+        this order: ``random() < loss`` (``lossy`` ones), the latency as
+        ``randint(*latency_ms)`` draws it, ``random() < spike_probability`` and the spike's
+        ``randint``."""
         loss, lo, span, bits, spike = self._link_params
-        rng = self._links[slot]
         if lossy and loss > 0 and rng.random() < loss and self._faulty():
             return -1
         if span > 1:  # (_randint inline: one per message)
@@ -349,7 +350,7 @@ class MemberHost(SimBase):
         slot = m.slot
         # Commits are not lost at random (as before the driver ran here): a lost one would
         # only wait out its request timeout, which the invariants cannot tell from a bug.
-        latency = -1 if m.partitioned_until > now else self._link(slot, api is not _COMMIT)
+        latency = -1 if m.partitioned_until > now else self._link(m.link, api is not _COMMIT)
         if latency < 0:
             self.report.messages_lost += 1
             self._push(now + request.timeout_ms, _TIMEOUT, slot, x, None)
@@ -406,7 +407,7 @@ class MemberHost(SimBase):
             response = OffsetFetchResponse(int(E.NOT_COORDINATOR) if moved else 0, ())
         if not m.alive:
             return
-        latency = self._link(slot, request.api is not _COMMIT)
+        latency = self._link(m.link, request.api is not _COMMIT)
         if latency < 0:
             self.report.messages_lost += 1
             self._push(max(now, timeout), _TIMEOUT, slot, x, None)

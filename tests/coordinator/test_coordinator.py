@@ -466,3 +466,32 @@ def test_each_heartbeat_moves_the_session_deadline() -> None:
     c.load(100_000)
     assert c.tick(124_999) == [] and c.tick(144_999) == []
     assert [m for _, m, _ in c.tick(145_000)] == ["e"]
+
+
+def test_a_stable_member_behind_a_new_target_moves_on_or_revokes() -> None:
+    """A stable member's plain heartbeat after another member's change: with the same
+    partitions in its target it just moves to the new epoch; with other partitions (as many)
+    it revokes first, at its epoch."""
+    c = make({"t": 2, "u": 2, "v": 2})
+    a = Client(c, "a", topics=("t", "u"))
+    b = Client(c, "b", topics=("t",))
+    d = Client(c, "d", topics=("v",))
+    for i, client in enumerate((a, b, d)):
+        client.join(i)
+    for now in range(10, 60, 10):
+        for client in (a, b, d):
+            client.ack(now) if client.last and client.last.assignment else client.hb(now)
+    assert c.describe("g").state is GroupState.STABLE
+    assert c.member("g", "a").assigned == tp(c, "u", 0, 1)  # type: ignore[union-attr]
+    assert c.member("g", "b").assigned == tp(c, "t", 0, 1)  # type: ignore[union-attr]
+    b.topics = ("u",)
+    b.full(100, owned=b.assignment)
+    epoch = c.describe("g").assignment_epoch
+    # d's target (v) is unchanged: it moves to the new epoch with what it has.
+    r = d.hb(110)
+    assert (r.member_epoch, r.assignment) == (epoch, None)
+    assert c.member("g", "d").state is MAS.STABLE  # type: ignore[union-attr]
+    # a's target is now t (two partitions, as before): it must give u back first.
+    r = a.hb(120)
+    assert r.member_epoch < epoch and parts(r) == frozenset()
+    assert c.member("g", "a").pending_revocation == tp(c, "u", 0, 1)  # type: ignore[union-attr]

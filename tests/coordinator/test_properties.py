@@ -158,11 +158,12 @@ WARM_UP = [("join", name) for name in MEMBERS] + [("round", 100)] * 4
 def test_a_reused_plain_request_is_answered_as_a_fresh_copy(
     ops: list[tuple[object, ...]], interval: int
 ) -> None:
-    """The coordinator's shortcut for a plain heartbeat it answered before (the same request
-    object again) answers, and changes the group, exactly as the full path does for an equal
-    request that is a new object."""
+    """The coordinator's shortcut for a plain heartbeat (the same request object again, or an
+    equal new one) answers, and changes the group, exactly as the full path does (the
+    reference coordinator, shortcut off)."""
     config = CoordinatorConfig(assignment_interval_ms=interval)
-    coordinators = [GroupCoordinator(config, {"t": 4, "u": 3}) for _ in range(2)]
+    coordinators = [GroupCoordinator(config, {"t": 4, "u": 3}) for _ in range(3)]
+    coordinators[2]._shortcut = False
 
     def clients_of(c: GroupCoordinator, kind: type[Client]) -> dict[str, Client]:
         return {
@@ -176,7 +177,8 @@ def test_a_reused_plain_request_is_answered_as_a_fresh_copy(
             for name in MEMBERS
         }
 
-    clients = [clients_of(coordinators[0], _ReusingClient), clients_of(coordinators[1], Client)]
+    kinds: tuple[type[Client], ...] = (_ReusingClient, Client, Client)
+    clients = [clients_of(c, kind) for c, kind in zip(coordinators, kinds, strict=True)]
     now = 0
     incarnation = 0
     for step in WARM_UP + ops:
@@ -185,7 +187,6 @@ def test_a_reused_plain_request_is_answered_as_a_fresh_copy(
         if kind == "replace":
             incarnation += 1
         outcomes = []
-        kinds = (_ReusingClient, Client)
         for c, cs, client_kind in zip(coordinators, clients, kinds, strict=True):
             outcome: object = None
             if kind == "tick":
@@ -249,4 +250,5 @@ def test_a_reused_plain_request_is_answered_as_a_fresh_copy(
         if kind in ("tick", "round"):
             assert isinstance(step[1], int)
             now += step[1]
-        assert outcomes[0] == outcomes[1], step
+        assert outcomes[0] == outcomes[2], step
+        assert outcomes[1] == outcomes[2], step
