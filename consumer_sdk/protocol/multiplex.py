@@ -265,7 +265,16 @@ class MuxConnection:
         """Queue ``call``; ``done`` runs once with its result or error (network thread)."""
         waiter = _Waiter(call, done, deadline)
         if self.state == self.READY and not self.paused:
-            self._write(waiter)
+            # `_write(waiter)`, inline (once per request)
+            cid = self._cid = (self._cid + 1) & 0x7FFFFFFF
+            waiter.correlation_id = cid
+            try:
+                data = call.encode(self.versions, cid)
+            except KafkaException as exc:
+                _complete(waiter, None, exc)
+                return
+            self._in_flight[cid] = waiter
+            self._out += data
         else:
             self._queued.append(waiter)
 

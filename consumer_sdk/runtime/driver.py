@@ -625,6 +625,25 @@ class MemberDriver:
         timer), the ms until the heartbeat is next due: the host may keep its scheduled run
         if earlier."""
         if request.api is Api.HEARTBEAT:  # the hot path
+            core = self.core
+            if (
+                not self.stopped
+                and self._hb_conn is not None
+                and self.coordinator.coordinator is not None
+                and not core.app_events
+                and not core.background_events
+                and not (self.commits.queue and self.commits.awaiting_epoch)
+            ):
+                # A STABLE member's answer that changes nothing: what `_on_heartbeat` does
+                # for it (None, and nothing done, for any other answer).
+                answered = core.quiet_answer(now, response, request.payload)
+                if answered is not None:
+                    wait_ms, handout = answered
+                    self.heartbeat_in_flight = False
+                    self.heartbeat_due_ms = self._due[4] = now + wait_ms
+                    if self._quiet_run:  # else the next snapshot reads the core anyway
+                        self._answered = (now, handout)
+                    return wait_ms
             return self._on_heartbeat(now, request.payload, response, None)
         self._poll_all = True
         self._quiet_run = False
@@ -650,24 +669,6 @@ class MemberDriver:
         if self.stopped:
             return 0
         core = self.core
-        if (
-            response is not None
-            and self._hb_conn is not None
-            and self.coordinator.coordinator is not None
-            and not core.app_events
-            and not core.background_events
-            and not (self.commits.queue and self.commits.awaiting_epoch)
-        ):
-            # A STABLE member's answer that changes nothing: what the path below does for it
-            # (None, and nothing done, for any other answer).
-            answered = core.quiet_answer(now, response, request)
-            if answered is not None:
-                wait_ms, handout = answered
-                self.heartbeat_in_flight = False
-                self.heartbeat_due_ms = self._due[4] = now + wait_ms
-                if self._quiet_run:  # else the next snapshot reads the core anyway
-                    self._answered = (now, handout)
-                return wait_ms
         self._quiet_run = False
         self._hb_out = None  # (the interval, and so the request timeout, may change)
         sm = self._sm
@@ -979,10 +980,11 @@ class _HeartbeatRequests:
     def poll(self, now: int) -> RequestPoll:
         d = self._d
         core = d.core
-        if d._hb_conn is not None and d._coordinator_conn() != d._hb_conn:
+        target = d.coordinator.coordinator
+        hb_conn = d._hb_conn  # (`d._coordinator_conn()`, inline below)
+        if hb_conn is not None and (target is None or d.transport.connection_id(target) != hb_conn):
             d._hb_conn = None
             core.on_coordinator_connection_lost()
-        target = d.coordinator.coordinator
         app = core.app_events
         if app and len(app) == 1 and type(app[0]) is Poll:
             core.handle(app.popleft(), now)  # a Poll, as `core.poll` takes it first

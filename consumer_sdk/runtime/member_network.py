@@ -615,11 +615,19 @@ class MemberNetwork:
         if self._commit_waiters or self._fetch_waiters:
             reaper = self._reaper
             reaper.reap(now / 1000)
-            due = reaper.next_deadline()
-            if due is not None:
-                wait_ms = min(wait_ms, max(int((due - now / 1000) * 1000) + 1, 0))
+            deadline = reaper.next_deadline()
+            if deadline is not None:
+                wait_ms = min(wait_ms, max(int((deadline - now / 1000) * 1000) + 1, 0))
         self._publish()
-        self._schedule_at(time.monotonic() + (wait_ms if wait_ms > 0 else 0) / 1000)
+        # `_schedule_at(time.monotonic() + wait)`, inline (once per heartbeat)
+        due = time.monotonic() + (wait_ms if wait_ms > 0 else 0) / 1000
+        timer = self._timer
+        if timer is not None and not timer.cancelled:
+            if -0.001 < self._timer_due - due < 0.001:
+                return
+            timer.cancelled = True  # (a fired one too: no call)
+        self._timer_due = due
+        self._timer = self._loop.call_at(due, self._run)
 
     def _schedule_at(self, due: float) -> None:
         timer = self._timer
