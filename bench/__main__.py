@@ -611,7 +611,7 @@ def main(argv: list[str] | None = None) -> int:
         "snapshot after either reuses the previous one's core fields. What is left is",
         "Python work, not system calls: profiled at 100 members, system time was under 5 µs",
         "per heartbeat. Counted with `sys.setprofile` on each thread (100 members), the loop",
-        "thread makes about 40 Python calls per heartbeat (83 with C built-ins; before this",
+        "thread makes about 35 Python calls per heartbeat (77 with C built-ins; before this",
         "round's fast path 85 and 139, the round before 127 and 191): its timer run with the",
         "heartbeat send (and the application's `Poll` event, about one per heartbeat), the",
         "answer, and the member snapshot published after each. The application side makes",
