@@ -75,6 +75,12 @@ class GroupMembership:
             on_state_change,
         )
         self._heartbeat = HeartbeatRequestManager(self._manager, self.metrics, self._rng)
+        #: A STABLE member's per-heartbeat fast paths, `poll` and `on_heartbeat_response`
+        #: for the case where nothing changes (None: take those); see
+        #: `HeartbeatRequestManager.stable_beat` and `quiet_answer`. Bound here: no extra
+        #: call per heartbeat.
+        self.stable_beat = self._heartbeat.stable_beat
+        self.quiet_answer = self._heartbeat.quiet_answer
 
     # ------------------------------------------------------------------------------------------
     # Views

@@ -342,6 +342,126 @@ class HeartbeatRequestManager:
             return _poll_result((request, self.time_until_next_poll(now_ms)))
         return _poll_result((None, self.time_until_next_poll(now_ms)))
 
+    def stable_beat(self, now_ms: int) -> tuple[HeartbeatRequest, int] | None:
+        """A STABLE member's heartbeat on the regular schedule when nothing changed since the
+        last one: the plain request `poll` would send now and the wait it would return, with
+        the same bookkeeping; None (and nothing done) when anything else applies: the caller
+        then calls `poll`. The host's per-heartbeat fast path: the tests here are `poll`'s,
+        `_can_send`'s and `_build`'s for this one case, inline."""
+        m = self._m
+        if self._sm.state is not S.STABLE or not self._coordinator_known or self._regular_count:
+            return None
+        deadline = self._poll_deadline_ms
+        if deadline is not None and now_ms >= deadline:
+            return None  # the poll timer expired: `poll` leaves the group
+        timing = self._timing
+        # `timing.regular_wait(now_ms) == 0`, inline
+        due = timing._timer_deadline_ms
+        if due is not None and due > now_ms:
+            return None
+        last = timing._last_received_ms
+        if last is not None and timing._backoff_ms > now_ms - last:
+            return None
+        # `_build` would return the plain request: nothing to send again since the last one
+        sent = self._sent
+        cfg = self._cfg
+        plain = self._plain
+        if (
+            plain is None
+            or plain.member_epoch != m._epoch
+            or sent.assignment is not m._rec.current
+            or sent.rebalance_timeout_ms != cfg.rebalance_timeout_ms
+            or m._subscription is None
+            or m._subscription is not m._fields_of
+            or (sent.subscription is not m._fields and sent.subscription != m._fields)
+            or (cfg.remote_assignor is not None and sent.server_assignor != cfg.remote_assignor)
+        ):
+            return None
+        # `_send(now_ms, _Kind.REGULAR)`: not off schedule (STABLE), and
+        # `m.on_heartbeat_request_generated` only notes the time for a STABLE member
+        self._in_flight.append(_in_flight((plain, _Kind.REGULAR, now_ms, m._generation)))
+        self._regular_count = 1
+        timing._timer_deadline_ms = now_ms + timing.interval_ms
+        self._metrics.record_heartbeat_sent(now_ms)
+        if LOGGER.isEnabledFor(logging.DEBUG):
+            m.log.debug("Sending %s heartbeat %s", _Kind.REGULAR.value, plain)
+        m._now = now_ms
+        # `time_until_next_poll`: a regular heartbeat in flight (the answer wakes the host)
+        wait = timing.interval_ms
+        if self._cfg.retry_backoff_max_ms > wait:
+            wait = self._cfg.retry_backoff_max_ms
+        if deadline is not None:
+            half = (deadline - now_ms + 1) // 2
+            if half < wait:
+                wait = half
+        return plain, wait
+
+    def quiet_answer(
+        self, now_ms: int, response: HeartbeatResponse, request: HeartbeatRequest
+    ) -> tuple[int, int] | None:
+        """Apply the answer to a STABLE member's regular heartbeat when it changes nothing (no
+        error, no assignment, the same epoch, member id and interval): the bookkeeping
+        `on_response` does for it. Returns `time_until_next_poll` then, and the new
+        handout deadline (`consumer_sdk.membership.stall`), or None (and nothing done) for
+        any other answer: the caller then calls `on_response`."""
+        m = self._m
+        in_flight = self._in_flight
+        if (
+            response.error_code
+            or response.assignment is not None
+            or self._sm.state is not S.STABLE
+            or not in_flight
+            or not self._coordinator_known
+        ):
+            return None
+        record = in_flight[0]
+        timing = self._timing
+        if (
+            record.request is not request
+            or record.kind is not _Kind.REGULAR
+            or record.generation != m._generation
+            or response.member_epoch != m._epoch
+            or (response.member_id and response.member_id != m._member_id)
+            or (
+                response.heartbeat_interval_ms > 0
+                and response.heartbeat_interval_ms != timing.interval_ms
+            )
+        ):
+            return None
+        del in_flight[0]
+        self._regular_count -= 1
+        self._metrics.record_heartbeat_response_time(now_ms, now_ms - record.sent_ms)
+        # `timing.on_success(now_ms)`, inline (the backoff's jitter is drawn as there)
+        timing._last_received_ms = now_ms
+        timing._attempts = 0
+        timing._backoff_ms = timing._backoff.backoff_ms(0)
+        timing._last_failed = timing._first_immediate = False
+        self._unreleased_since_ms = None
+        sent_ms = record.sent_ms
+        confirmed = self._confirmed_sent_ms
+        if confirmed is None or sent_ms > confirmed:
+            self._confirmed_sent_ms = sent_ms
+            confirmed = sent_ms
+        m._now = now_ms  # `m.on_heartbeat_success`: nothing else for this answer
+        handout = confirmed + (self.session_timeout_ms or DEFAULT_SESSION_TIMEOUT_MS)
+        if self._regular_count:
+            return self.time_until_next_poll(now_ms), handout
+        # `time_until_next_poll` for a STABLE member with no regular heartbeat in flight
+        deadline = self._poll_deadline_ms
+        half = -1
+        if deadline is not None:
+            if deadline <= now_ms:
+                return 0, handout
+            half = (deadline - now_ms + 1) // 2
+        # `timing.regular_wait(now_ms)`, inline (just answered: the backoff counts from now)
+        due = timing._timer_deadline_ms
+        wait = 0 if due is None else due - now_ms
+        if timing._backoff_ms > wait:
+            wait = timing._backoff_ms
+        if wait < 0:
+            wait = 0
+        return (half if 0 <= half < wait else wait), handout
+
     def _heartbeat_now(self, state: MemberState) -> bool:
         """JOINING, ACKNOWLEDGING and LEAVING heartbeat at once, except a join already answered
         without an assignment (librdkafka's mock answers epoch 0 and none while the target's

@@ -114,13 +114,23 @@ class MembershipMetrics:
 
     # -- heartbeat ---------------------------------------------------------------------------
 
+    # The two below run once per heartbeat each: `_Windowed.record` inline.
+
     def record_heartbeat_sent(self, now_ms: int) -> None:
-        self._heartbeats.record(now_ms)
+        window = self._heartbeats
+        samples = window._samples
+        samples.append((now_ms, 1.0))
+        if samples[0][0] <= now_ms - window._window_ms:
+            window._expire(now_ms)
         self._heartbeat_total += 1
         self._last_heartbeat_ms = now_ms
 
     def record_heartbeat_response_time(self, now_ms: int, latency_ms: int) -> None:
-        self._heartbeat_response_time.record(now_ms, float(latency_ms))
+        window = self._heartbeat_response_time
+        samples = window._samples
+        samples.append((now_ms, float(latency_ms)))
+        if samples[0][0] <= now_ms - window._window_ms:
+            window._expire(now_ms)
         self._last_heartbeat_response_ms = now_ms
 
     @property

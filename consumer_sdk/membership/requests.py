@@ -17,7 +17,7 @@ from __future__ import annotations
 import enum
 import logging
 import uuid
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -443,6 +443,9 @@ class CommitRequestManager:
         self._auto_interval = auto_commit_interval_ms
         self._default_timeout = default_timeout_ms
         self._queue: list[_Pending] = []
+        #: The same list, read-only: empty when no commit is queued or in flight (a host's
+        #: per-heartbeat test, without `pending`'s call).
+        self.queue: Sequence[object] = self._queue
         self._completed: list[CommitResult] = []
         self._last_committed: dict[Partition, int] = {}
         self._next_id = 1

@@ -83,6 +83,12 @@ class HeartbeatEncoder:
         self, request: HeartbeatRequest, version: int, correlation_id: int, client_id: str | None
     ) -> bytes:
         """The complete frame to write to the socket."""
+        body = self.encode_body(request, version, client_id)
+        return _PREFIX.pack(8 + len(body), API_KEY, version, correlation_id) + body
+
+    def encode_body(self, request: HeartbeatRequest, version: int, client_id: str | None) -> bytes:
+        """The frame after the correlation id (the same for every send of ``request``): the
+        frame is ``frame_prefix(len(body), version, correlation_id) + body``."""
         if version not in VERSIONS:
             raise ValueError(f"ConsumerGroupHeartbeat v{version} is not supported")
         key = (version, client_id, request.group_id, request.member_id)
@@ -98,15 +104,7 @@ class HeartbeatEncoder:
             )
             self._heads[key] = head
         tail = self._tail(request, version)
-        length = 8 + len(head) + 4 + len(tail)
-        return b"".join(
-            (
-                _PREFIX.pack(length, API_KEY, version, correlation_id),
-                head,
-                _I32.pack(request.member_epoch),
-                tail,
-            )
-        )
+        return b"".join((head, _I32.pack(request.member_epoch), tail))
 
     def _tail(self, r: HeartbeatRequest, version: int) -> bytes:
         plain = (

@@ -20,6 +20,7 @@ import contextlib
 import logging
 import socket
 import ssl
+import struct
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -57,6 +58,9 @@ T_co = TypeVar("T_co", covariant=True)
 Done = Callable[[Any, KafkaException | None], None]
 
 _RECV_BYTES = 256 * 1024
+_CID = struct.Struct(">i")  # a response frame's correlation id (see `peek_correlation_id`)
+_HB_API = m.API_CONSUMER_GROUP_HEARTBEAT
+_HB_PREFIX = struct.Struct(">ihhi")  # frame length, api key, api version, correlation id
 
 
 class VersionCache:
@@ -149,26 +153,34 @@ class HeartbeatCall:
         self.client_id = client_id
         self._encoder = encoder
         self._version = 0
+        # The frame after the correlation id, for `_version` (a call may be sent again, one
+        # send at a time: the host reuses it for the next heartbeat of the same request).
+        self._body = b""
 
     def encode(self, versions: VersionCache, correlation_id: int) -> bytes:
-        version = versions.pick(self.api_key)
+        chosen = versions._chosen
+        version = chosen[_HB_API] if _HB_API in chosen else versions.pick(_HB_API)
         if version is None:
             raise UnsupportedBrokerError(
                 "the broker does not support ConsumerGroupHeartbeat (API 68): the KIP-848 "
                 "consumer group protocol needs Apache Kafka 4.0+"
             )
-        self._version = version
-        try:
-            return self._encoder.encode(self.request, version, correlation_id, self.client_id)
-        except ValueError as exc:  # e.g. a regex subscription on a v0-only broker
-            raise UnsupportedBrokerError(str(exc)) from None
+        body = self._body
+        if not body or version != self._version:
+            self._version = version
+            try:
+                body = self._body = self._encoder.encode_body(self.request, version, self.client_id)
+            except ValueError as exc:  # e.g. a regex subscription on a v0-only broker
+                raise UnsupportedBrokerError(str(exc)) from None
+        return _HB_PREFIX.pack(8 + len(body), _HB_API, version, correlation_id) + body
 
     def decode(self, frame: bytes, correlation_id: int) -> HeartbeatResponse:
         cache = _HB_DECODED.get(self._version)
         rest = frame[4:]
         if cache is not None:
             known = cache.get(rest)
-            if known is not None and peek_correlation_id(frame) == correlation_id:
+            # (the correlation id read in C: `peek_correlation_id` costs a call per answer)
+            if known is not None and _CID.unpack_from(frame, 0)[0] == correlation_id:
                 return known
         response = m.heartbeat_from_kio(
             decode_response(frame, _hb_response_type(self._version), correlation_id)
@@ -253,7 +265,16 @@ class MuxConnection:
         """Queue ``call``; ``done`` runs once with its result or error (network thread)."""
         waiter = _Waiter(call, done, deadline)
         if self.state == self.READY and not self.paused:
-            self._write(waiter)
+            # `_write(waiter)`, inline (once per request)
+            cid = self._cid = (self._cid + 1) & 0x7FFFFFFF
+            waiter.correlation_id = cid
+            try:
+                data = call.encode(self.versions, cid)
+            except KafkaException as exc:
+                _complete(waiter, None, exc)
+                return
+            self._in_flight[cid] = waiter
+            self._out += data
         else:
             self._queued.append(waiter)
 
@@ -418,11 +439,14 @@ class MuxConnection:
 
     def _deliver(self, frames: list[bytes]) -> None:
         for frame in frames:
-            try:
-                cid = peek_correlation_id(frame)
-            except ProtocolError as exc:
-                self.close(exc)
-                return
+            if len(frame) >= 4:  # `peek_correlation_id`, inline (once per answer)
+                cid = _CID.unpack_from(frame, 0)[0]
+            else:
+                try:
+                    cid = peek_correlation_id(frame)
+                except ProtocolError as exc:
+                    self.close(exc)
+                    return
             waiter = self._in_flight.pop(cid, None)
             if waiter is None:
                 where = f"{self.host}:{self.port}"
@@ -440,7 +464,10 @@ class MuxConnection:
                 _complete(waiter, None, exc)
                 self.close(exc)
                 return
-            _complete(waiter, result, None)
+            try:  # `_complete(waiter, result, None)`, inline (once per answer)
+                waiter.done(result, None)
+            except Exception:  # one member's bug must not break the shared connection
+                log.exception("request completion callback failed")
 
     def close(self, error: KafkaException | None = None) -> None:
         """Close the socket and fail every request on this connection with ``error``."""

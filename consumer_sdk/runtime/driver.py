@@ -308,8 +308,13 @@ class MemberDriver:
         # The heartbeat manager's wait after its last send (ms): about the interval.
         self._hb_period = 0
         self._poll_all = True
-        # The last call was such a timer run that left the member STABLE (see `snapshot`).
+        # The last call was such a timer run that left the member STABLE, or a quiet
+        # heartbeat answer after one (see `snapshot`).
         self._quiet_run = False
+        # A quiet answer's (answered at, handout deadline) for the next snapshot.
+        self._answered: tuple[int, int] | None = None
+        # The last heartbeat's `Outbound` (reused while its request is: see `run`).
+        self._hb_out: Outbound | None = None
         # The request managers, in the order a run polls them (see `run`).
         heartbeat = _HeartbeatRequests(self)
         coordinator = _CoordinatorRequests(self)
@@ -335,6 +340,9 @@ class MemberDriver:
         """The member as of now. ``prev``: the snapshot taken after the driver's previous
         call; after a stable member's timer run (see `run`) only the heartbeat's and the
         commits' fields can differ from it, and the core is not read again."""
+        quiet = self._answered
+        if quiet is not None:
+            self._answered = None
         if prev is not None and self._quiet_run:
             # tuple.__new__: the NamedTuple's own constructor adds a call (twice per beat)
             return tuple.__new__(
@@ -343,11 +351,11 @@ class MemberDriver:
                     *prev[:7],
                     self.heartbeat_in_flight,
                     self.heartbeat_due_ms,
-                    self.commits.pending,
-                    prev[10],
+                    len(self.commits.queue),  # `commits.pending`
+                    prev[10] if quiet is None else quiet[0],
                     events_taken,
                     commits_taken,
-                    prev[13],
+                    prev[13] if quiet is None else quiet[1],
                 ),
             )
         state, member_id, epoch, assigned, pending, known, interval, answered, handout = (
@@ -381,7 +389,7 @@ class MemberDriver:
         if type(event) is not Poll:
             self._poll_all = True
         self._quiet_run = False
-        self.core.submit(event)
+        self.core.app_events.append(event)  # `core.submit`
 
     def commit(
         self,
@@ -459,11 +467,27 @@ class MemberDriver:
         only the managers whose wait has run out are (the heartbeat's, nearly always), in the
         same order: the others' waits were computed with nothing changed since (Java's
         ``ConsumerNetworkThread`` keeps the managers' ``maximumTimeToWait`` the same way)."""
+        due = self._due
+        sm = self._sm
+        if not self._poll_all and not self._fetches and sm.state is MemberState.STABLE:
+            horizon = now + self._hb_period
+            if due[0] > horizon and due[1] > horizon and due[2] > horizon and due[3] > horizon:
+                # A stable member's timer with only the heartbeat's manager due (nearly every
+                # run): the loop below for that manager alone (which sends a plain heartbeat
+                # without `core.poll`: see `_HeartbeatRequests`).
+                requests, next_ms = self._managers[4].poll(now)
+                for request in requests:
+                    self.transport.send(request)
+                due[4] = now + (next_ms if next_ms < _IDLE_MS else _IDLE_MS)
+                if sm.state is not MemberState.STABLE:
+                    self._poll_all = True
+                    return 0
+                self._quiet_run = True
+                first = min(due)
+                return first - now if first < now + _IDLE_MS else _IDLE_MS
         if self._fetches:
             self._expire_fetches(now)
         send = self.transport.send
-        due = self._due
-        sm = self._sm
         stable = sm.state is MemberState.STABLE
         everything = self._poll_all or not stable
         self._poll_all = self._quiet_run = False
@@ -601,6 +625,25 @@ class MemberDriver:
         timer), the ms until the heartbeat is next due: the host may keep its scheduled run
         if earlier."""
         if request.api is Api.HEARTBEAT:  # the hot path
+            core = self.core
+            if (
+                not self.stopped
+                and self._hb_conn is not None
+                and self.coordinator.coordinator is not None
+                and not core.app_events
+                and not core.background_events
+                and not (self.commits.queue and self.commits.awaiting_epoch)
+            ):
+                # A STABLE member's answer that changes nothing: what `_on_heartbeat` does
+                # for it (None, and nothing done, for any other answer).
+                answered = core.quiet_answer(now, response, request.payload)
+                if answered is not None:
+                    wait_ms, handout = answered
+                    self.heartbeat_in_flight = False
+                    self.heartbeat_due_ms = self._due[4] = now + wait_ms
+                    if self._quiet_run:  # else the next snapshot reads the core anyway
+                        self._answered = (now, handout)
+                    return wait_ms
             return self._on_heartbeat(now, request.payload, response, None)
         self._poll_all = True
         self._quiet_run = False
@@ -625,8 +668,9 @@ class MemberDriver:
     ) -> int:
         if self.stopped:
             return 0
-        self._quiet_run = False
         core = self.core
+        self._quiet_run = False
+        self._hb_out = None  # (the interval, and so the request timeout, may change)
         sm = self._sm
         was_stable = sm.state is MemberState.STABLE
         if response is not None:
@@ -936,9 +980,26 @@ class _HeartbeatRequests:
     def poll(self, now: int) -> RequestPoll:
         d = self._d
         core = d.core
-        if d._hb_conn is not None and d._coordinator_conn() != d._hb_conn:
+        target = d.coordinator.coordinator
+        hb_conn = d._hb_conn  # (`d._coordinator_conn()`, inline below)
+        if hb_conn is not None and (target is None or d.transport.connection_id(target) != hb_conn):
             d._hb_conn = None
             core.on_coordinator_connection_lost()
+        app = core.app_events
+        if app and len(app) == 1 and type(app[0]) is Poll:
+            core.handle(app.popleft(), now)  # a Poll, as `core.poll` takes it first
+        if not app and target is not None:
+            beat = core.stable_beat(now)  # `core.poll` for a STABLE member's plain heartbeat
+            if beat is not None:
+                plain, next_ms = beat
+                d.heartbeat_due_ms = now + next_ms
+                d.heartbeat_in_flight = True
+                d._hb_period = next_ms
+                out = d._hb_out  # reused while the request is (the transport reuses its call)
+                if out is None or out.payload is not plain or out.coordinator is not target:
+                    out = d._hb_out = Outbound(Api.HEARTBEAT, plain, target, d._timeout_ms(True))
+                    d._hb_target = (target.node_id, target.host, target.port)
+                return (out,), next_ms
         result = core.poll(now)
         request, next_ms = result.request, result.next_poll_ms
         d.heartbeat_due_ms = now + next_ms

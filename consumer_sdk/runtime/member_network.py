@@ -302,7 +302,10 @@ class MemberNetwork:
         if self._snapshot.state is MemberState.STABLE:
             if gap >= self._stable_poll_gap:
                 self._last_poll_event = now
-                self._post(Poll(_now_ms()), wake=False)
+                event = Poll(int(now * 1000))
+                with self._post_lock:  # `_post(event, wake=False)`, inline
+                    self._inbox.append(event)
+                    self._submitted += 1
             self.poll_note_due = self._last_poll_event + self._stable_poll_gap
             # The loop clears it when it publishes another state: if it did so before the
             # line above, clear it here (else the next polls of a rebalance would not count).
@@ -593,40 +596,38 @@ class MemberNetwork:
         self._reaper.fail_all(self.failure)
         self.notify()
 
-    def _take_inbox(self, now: int) -> None:
-        inbox, driver = self._inbox, self._driver
-        while inbox:
+    @_member_work
+    def _run(self) -> None:
+        self._wake_queued = False
+        if self._stopped:
+            return
+        now = int(time.monotonic() * 1000)  # `_now_ms()`
+        driver = self._driver
+        inbox = self._inbox
+        while inbox:  # `_take_inbox`, inline (a stable member's Poll: once a second)
             item = inbox.popleft()
             self._taken += 1
             if callable(item):
                 item(driver, now)
             else:
                 driver.submit(item)
-
-    @_member_work
-    def _run(self) -> None:
-        self._wake_queued = False
-        if self._stopped:
-            return
-        now = _now_ms()
-        if self._inbox:
-            self._take_inbox(now)
-        wait_ms = self._driver.run(now)
-        reaper = self._reaper
+        wait_ms = driver.run(now)
         if self._commit_waiters or self._fetch_waiters:
+            reaper = self._reaper
             reaper.reap(now / 1000)
-            due = reaper.next_deadline()
-            if due is not None:
-                wait_ms = min(wait_ms, max(int((due - now / 1000) * 1000) + 1, 0))
+            deadline = reaper.next_deadline()
+            if deadline is not None:
+                wait_ms = min(wait_ms, max(int((deadline - now / 1000) * 1000) + 1, 0))
         self._publish()
-        self._schedule(wait_ms)
-
-    @staticmethod
-    def _due_at(wait_ms: int) -> float:
-        return time.monotonic() + max(wait_ms, 0) / 1000
-
-    def _schedule(self, wait_ms: int) -> None:
-        self._schedule_at(self._due_at(wait_ms))
+        # `_schedule_at(time.monotonic() + wait)`, inline (once per heartbeat)
+        due = time.monotonic() + (wait_ms if wait_ms > 0 else 0) / 1000
+        timer = self._timer
+        if timer is not None and not timer.cancelled:
+            if -0.001 < self._timer_due - due < 0.001:
+                return
+            timer.cancelled = True  # (a fired one too: no call)
+        self._timer_due = due
+        self._timer = self._loop.call_at(due, self._run)
 
     def _schedule_at(self, due: float) -> None:
         timer = self._timer
@@ -690,7 +691,7 @@ class MemberNetwork:
     @_member_work
     def _on_outcome(self, request: Outbound, response: Any, error: KafkaException | None) -> None:
         """A request's response or failure (the transport's ``deliver``)."""
-        now = _now_ms()
+        now = int(time.monotonic() * 1000)  # `_now_ms()`
         driver = self._driver
         if error is None:
             wait_ms = driver.on_response(now, request, response)
@@ -699,25 +700,24 @@ class MemberNetwork:
         if self._stopped:
             self._publish()
             return
-        if wait_ms > 0 and not self._inbox and self._reschedule_heartbeat(wait_ms):
+        timer = self._timer
+        if (
+            wait_ms > 0
+            and not self._inbox
+            and not self._wake_queued
+            and timer is not None
+            and not timer.cancelled
+        ):
+            # A quiet heartbeat answer (once per heartbeat): run again when the heartbeat is
+            # next due, if that is earlier than the scheduled run. A full run would send
+            # nothing now (``wait_ms > 0``) and would wait ``min(wait_ms, the other managers'
+            # waits)``; those are deadlines the scheduled run already honours, as it was
+            # computed from them, so keeping it when it is earlier never runs later than a
+            # full run would. It is nearly always the heartbeat's own, set when it was sent:
+            # kept unless over a millisecond late (the two differ by the clock's ms rounding).
+            due = time.monotonic() + wait_ms / 1000
+            if due < self._timer_due - 0.001:
+                self._schedule_at(due)
             self._publish()
             return
         self._run()
-
-    def _reschedule_heartbeat(self, wait_ms: int) -> bool:
-        """After a quiet heartbeat answer: run again when the heartbeat is next due, if that is
-        earlier than the scheduled run; False if no run is scheduled (run now instead).
-
-        A full run would send nothing now (``wait_ms > 0``) and would wait
-        ``min(wait_ms, the other managers' waits)``; those are deadlines the scheduled run
-        already honours, as it was computed from them, so keeping it when it is earlier never
-        runs later than a full run would."""
-        timer = self._timer
-        if self._wake_queued or timer is None or timer.cancelled:
-            return False
-        # The scheduled run is nearly always the heartbeat's own, set when it was sent: kept
-        # unless over a millisecond late (the two differ by the ms rounding of the clock).
-        due = self._due_at(wait_ms)
-        if due < self._timer_due - 0.001:
-            self._schedule_at(due)
-        return True

@@ -61,6 +61,9 @@ class LoopTransport:
         self.heartbeat_trace: HeartbeatTrace | None = None
         #: Diagnostics: called with each heartbeat request as it is handed to its connection.
         self.heartbeat_sent: Callable[[HeartbeatRequest], None] | None = None
+        # The last heartbeat sent on the hot path, and its call and outcome callback.
+        self._hb_request: Outbound | None = None
+        self._hb_call: tuple[HeartbeatCall, Callable[[Any, KafkaException | None], None]]
 
     def _conn(self, host: str, port: int) -> MuxConnection:
         conn = self.conns.get((host, port))
@@ -90,12 +93,16 @@ class LoopTransport:
             conn = self.conns.get((coordinator.host, coordinator.port))
             if conn is None:
                 conn = self._conn(coordinator.host, coordinator.port)
-            self._loop.request(
-                conn,
-                HeartbeatCall(request.payload, _ENCODER, self._client_id),
-                partial(self._deliver, request),
-                request.timeout_ms / 1000,
-            )
+            # A stable member sends the same `Outbound` again while its request holds (one at
+            # a time: the driver sends the next once this one's outcome came): its call, with
+            # the encoded frame, serves again.
+            if request is self._hb_request:
+                hb_call, hb_done = self._hb_call
+            else:
+                hb_call = HeartbeatCall(request.payload, _ENCODER, self._client_id)
+                hb_done = partial(self._deliver, request)
+                self._hb_request, self._hb_call = request, (hb_call, hb_done)
+            self._loop.request(conn, hb_call, hb_done, request.timeout_ms / 1000)
             return
         done: Callable[[Any, KafkaException | None], None]
         if api is Api.FIND_COORDINATOR or api is Api.METADATA or api is Api.GROUP_SESSION_TIMEOUT:

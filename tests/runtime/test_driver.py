@@ -302,3 +302,116 @@ def test_a_stable_members_timer_run_polls_only_the_managers_due() -> None:
     d.run(now)
     assert len(polled) == 5
     assert [r.api for r in t.take()] == [Api.OFFSET_COMMIT]
+
+
+def _fast_path_trace(fast: bool, ending: str) -> tuple[list[Any], int]:
+    """A stable member through quiet beats and everything that must leave them (a new epoch,
+    a new interval, a pending commit, a commit refused as stale, a subscription change, then
+    the ``ending``: a fencing error or an expired poll timer), answered the same way; with
+    ``fast`` False the core's fast paths are
+    switched off (its full `poll` and `on_heartbeat_response` every time). Returns what the
+    host sees at each step, and how many heartbeats the fast paths handled."""
+    d, t = joined()
+    t.take()
+    core = d.core
+    taken = [0]
+    if fast:
+        beat, answer = core.stable_beat, core.quiet_answer
+
+        def counted_beat(now: int) -> Any:
+            result = beat(now)
+            taken[0] += result is not None
+            return result
+
+        def counted_answer(now: int, response: Any, request: Any) -> Any:
+            result = answer(now, response, request)
+            taken[0] += result is not None
+            return result
+
+        core.stable_beat, core.quiet_answer = counted_beat, counted_answer
+    else:
+        core.stable_beat = lambda now: None
+        core.quiet_answer = lambda now, response, request: None
+    trace: list[Any] = []
+    snap = [d.snapshot()]
+    now = 0
+    epoch = 5
+    interval = 1000
+    commit_error = 0
+
+    def step(label: str, wait: int) -> None:
+        metrics = core.metrics.snapshot(now)
+        snap[0] = d.snapshot(0, 0, snap[0])  # as the runtime publishes it, after each call
+        trace.append(
+            (
+                label,
+                now,
+                wait,
+                snap[0],
+                core.state,
+                core.member_epoch,
+                core.heartbeat_interval_ms,
+                core.published(),
+                [m for m in core.drain_background_events() if not isinstance(m, Poll)],
+                [(type(e).__name__, getattr(e, "result", None)) for e in d.outbox],
+                {k: v for k, v in metrics.items() if k.startswith(("heartbeat", "last-heart"))},
+            )
+        )
+        d.outbox.clear()
+
+    subscribed = False
+    for beat_no in range(24):
+        if beat_no == 4:
+            epoch = 6  # the coordinator bumps the epoch: the next request carries it
+        if beat_no == 7:
+            interval = 700
+        if beat_no == 10:
+            d.commit(now, {("t", 0): Off(beat_no)}, CommitKind.ASYNC, epoch=epoch)
+        if beat_no == 13:  # refused as stale: waits for a newer epoch
+            commit_error = E.STALE_MEMBER_EPOCH
+            d.commit(now, {("t", 0): Off(beat_no)}, CommitKind.SYNC, epoch=epoch)
+        if beat_no == 19 and ending == "expire":  # no poll for max.poll.interval.ms
+            now += 400_000
+        else:
+            d.submit(Poll(now))  # the application polls between beats
+        wait = d.run(now)
+        step(f"run {beat_no}", wait)
+        sent = t.take()
+        if beat_no >= 15 and sent and not subscribed:  # while the heartbeat is in flight
+            subscribed = True
+            d.submit(Subscribe(topics=("t", "u")))
+            step("subscribed", d.run(now))
+            sent += t.take()
+        for request in sent:
+            trace.append(("sent", request.api, request.payload, request.coordinator))
+            now += 3
+            if request.api is Api.OFFSET_COMMIT:
+                results = (PartitionResult("t", 0, error_code=commit_error),)
+                commit_error = 0
+                step("commit answered", d.on_response(now, request, results))
+            elif request.api is Api.HEARTBEAT:
+                fenced = ending == "fence" and beat_no >= 19 and core.state is MemberState.STABLE
+                error = E.FENCED_MEMBER_EPOCH if fenced else 0
+                response = HeartbeatResponse(error, epoch, interval)
+                wait = d.on_response(now, request, response)
+                step(f"answered {beat_no}", wait)
+            else:
+                step("other", d.on_failure(now, request, Failure(FailureKind.TIMEOUT, "x")))
+        now += max(wait, 1)
+    return trace, taken[0]
+
+
+def test_the_stable_heartbeat_fast_path_changes_nothing_the_host_sees() -> None:
+    """The core's per-heartbeat fast paths (`stable_beat`, `quiet_answer`) against its full
+    `poll` and `on_heartbeat_response` on the same script: the same requests, waits,
+    snapshots, states, events and metrics at every step, through quiet beats and whatever
+    must leave them (a changed answer, a pending or refused commit, a new subscription, an
+    error), and the fast paths did serve most of the quiet beats."""
+    for ending in ("fence", "expire"):
+        fast, taken = _fast_path_trace(True, ending)
+        full, _ = _fast_path_trace(False, ending)
+        assert taken >= 10
+        assert [e[4] for e in fast if e[0] != "sent"][-1] is not MemberState.STABLE  # left
+        assert len(fast) == len(full)
+        for got, want in zip(fast, full, strict=True):
+            assert got == want

@@ -538,6 +538,7 @@ def test_one_members_failure_on_the_loop_spares_the_others(kafka: EmbeddedKafka)
             raise RuntimeError("injected response-handling bug")
 
         bad._net.core.on_heartbeat_response = broken  # type: ignore[method-assign]
+        bad._net.core.quiet_answer = broken  # (a quiet answer's fast path)
         with pytest.raises(KafkaException, match="injected response-handling bug") as info:
             wait_until(
                 lambda: bad.poll(0.05) or False,

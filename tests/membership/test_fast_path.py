@@ -1,0 +1,117 @@
+"""The core's per-heartbeat fast paths (`GroupMembership.stable_beat`, `quiet_answer`) against
+its full `poll` and `on_heartbeat_response`: at every step of a script a copy of the core takes
+the full path; where the fast path answers, both must agree on the request, the wait and every
+field they touched; where it declines it must have done nothing (the full path then runs)."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from consumer_sdk.domain import HeartbeatRequest, HeartbeatResponse
+from consumer_sdk.error_codes import ErrorCode
+from consumer_sdk.membership import GroupMembership, MemberState
+
+from .harness import INTERVAL, T1, T2, Driver, cfg, err, ok
+
+
+def _fields(core: GroupMembership, now: int) -> Any:
+    """Everything the two paths may change, as comparable values."""
+    hb = core._heartbeat
+    timing = hb._timing
+    m = core._manager
+    return (
+        core.published(),
+        core.metrics.snapshot(now),
+        [(r.request, r.kind, r.sent_ms, r.generation) for r in hb._in_flight],
+        hb._regular_count,
+        hb._confirmed_sent_ms,
+        hb._unreleased_since_ms,
+        hb._sent,
+        hb._poll_deadline_ms,
+        {k: v for k, v in vars(timing).items() if k != "_backoff"},
+        m._now,
+        m._epoch,
+        m._generation,
+        list(core.background_events),
+    )
+
+
+def _twin(core: GroupMembership) -> GroupMembership:
+    """A copy of ``core`` with its own event queue (a bound ``deque.append`` is copied as
+    is) and no state-change hook."""
+    twin = copy.deepcopy(core)
+    twin._manager._emit_event = twin.background_events.append
+    twin._manager._on_state_change = None
+    return twin
+
+
+class Checked(Driver):
+    """A harness driver whose heartbeats and answers try the fast paths first."""
+
+    fast = 0
+
+    def hb(self) -> HeartbeatRequest | None:
+        core, now = self.core, self.now
+        before = _fields(core, now)
+        twin = _twin(core)
+        full = twin.poll(now)
+        beat = core.stable_beat(now)
+        if beat is None:
+            assert _fields(core, now) == before  # declined: nothing done
+            return core.poll(now).request
+        self.fast += 1
+        assert beat == (full.request, full.next_poll_ms)
+        assert _fields(core, now) == _fields(twin, now)
+        return beat[0]
+
+    def respond(self, response: HeartbeatResponse, request: HeartbeatRequest | None = None) -> None:
+        core, now = self.core, self.now
+        in_flight = core._heartbeat._in_flight
+        sent = request if request is not None else (in_flight[0].request if in_flight else None)
+        before = _fields(core, now)
+        twin = _twin(core)
+        twin.on_heartbeat_response(now, response, sent)
+        answered = None if sent is None else core.quiet_answer(now, response, sent)
+        if answered is None:
+            assert _fields(core, now) == before
+            core.on_heartbeat_response(now, response, sent)
+            return
+        self.fast += 1
+        assert answered[0] == twin.time_until_next_poll(now)
+        assert answered[1] == twin.published()[8]  # the handout deadline
+        assert _fields(core, now) == _fields(twin, now)
+
+
+def _beat(d: Driver, response: HeartbeatResponse) -> None:
+    d.advance(INTERVAL)
+    d.app_poll()
+    req = d.hb()
+    if req is not None:
+        d.advance(3)
+        d.respond(response, req)
+    d.run_all()
+
+
+def test_the_fast_paths_agree_with_the_full_ones() -> None:
+    checked = Checked(cfg())
+    checked.join_stable({T1: [0, 1]})
+    for _ in range(3):
+        _beat(checked, ok(1))
+    _beat(checked, ok(2))  # a new epoch
+    _beat(checked, ok(2, interval=3000))  # a new interval
+    _beat(checked, ok(2, {T1: [0, 1], T2: [0]}))  # a new assignment: reconcile, ack
+    for _ in range(4):
+        _beat(checked, ok(2))
+    checked.subscribe("t1", "t2", "t3")  # a subscription change, sent again
+    for _ in range(3):
+        _beat(checked, ok(2))
+    _beat(checked, err(ErrorCode.COORDINATOR_NOT_AVAILABLE))  # an error: full, then retried
+    checked.core.on_coordinator_known(checked.now)  # (the host finds it again)
+    for _ in range(3):
+        _beat(checked, ok(2))
+    assert checked.state is MemberState.STABLE
+    checked.advance(checked.config.rebalance_timeout_ms + INTERVAL)  # no poll for that long
+    checked.hb()  # the poll timer expired: the full path leaves the group
+    assert checked.state is not MemberState.STABLE
+    assert checked.fast >= 15
