@@ -49,6 +49,8 @@ BROKER_ACTIONS = {
     "netns": ("net_coord", "net_coord_one_way", "net_isolate", "net_coord_cut"),
 }
 ACTIONS = MEMBER_ACTIONS + BROKER_ACTIONS["mock"]
+#: how long a short run may go past --duration to run every kind of fault once
+OVERTIME_S = 120.0
 
 
 @dataclass
@@ -499,16 +501,21 @@ class Driver:
         for i in range(a.ck_members):
             self.spawn(f"ck{i + 1}", "ck")
 
-        # Every kind of fault early on (so short runs see each), then at random.
+        # Every kind of fault early on, then at random. The chaos lasts --duration and, in a
+        # short run, on until every kind ran once (a broker fault waits for the previous one
+        # to heal), bounded by OVERTIME_S.
         actions = MEMBER_ACTIONS + BROKER_ACTIONS[a.broker]
         schedule = list(actions)
         self.rng.shuffle(schedule)
         deadline = time.monotonic() + a.duration
         time.sleep(min(5.0, a.duration / 6))  # let the group form
-        while time.monotonic() < deadline:
+        while time.monotonic() < (deadline + OVERTIME_S if schedule else deadline):
             self.act(self._next_action(schedule, actions))
             pause = self.rng.uniform(a.min_gap, a.max_gap)
-            time.sleep(max(min(pause, deadline - time.monotonic()), 0))
+            end = deadline + OVERTIME_S if schedule else deadline
+            time.sleep(max(min(pause, end - time.monotonic()), 0))
+        if schedule:
+            self._node_errors.append(f"faults never run: {', '.join(schedule)}")
 
         # Calm down: no more faults, every member running, producer stopped.
         self.event("chaos_done")
@@ -570,7 +577,12 @@ def parser() -> argparse.ArgumentParser:
         description="Chaos soak: SDK and confluent-kafka members under kills, pauses, restarts, "
         "coordinator moves and broker outages, with end-to-end delivery checks.",
     )
-    p.add_argument("--duration", type=float, default=600.0, help="seconds of chaos (600)")
+    p.add_argument(
+        "--duration",
+        type=float,
+        default=600.0,
+        help="seconds of chaos (600); at least until every kind of fault ran once",
+    )
     p.add_argument(
         "--broker",
         choices=("mock", "real", "netns"),

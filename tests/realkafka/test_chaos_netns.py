@@ -18,7 +18,7 @@ from consumer_sdk.testing.netns import netns_available
 
 pytestmark = pytest.mark.realkafka
 
-CI_DURATION_S = 75
+CI_DURATION_S = 40
 
 
 def test_chaos_ci_run_with_network_faults(tmp_path: Path) -> None:

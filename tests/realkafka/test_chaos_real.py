@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-CI_DURATION_S = 80
+CI_DURATION_S = 45
 
 
 def test_chaos_ci_run_on_a_real_cluster(tmp_path: Path) -> None:
