@@ -122,6 +122,9 @@ class Summary:
     overlaps: int = 0
     overlaps_mock_readoption: int = 0
     overlaps_mock_reset: int = 0
+    #: a confluent-kafka owner's revocation acknowledged before its on_revoke began: the SDK
+    #: taker had the broker's grant and the owner processed nothing of the partition after
+    overlaps_ck_early_ack: int = 0
     zombie_windows: int = 0
     zombie_max_s: float = 0.0
     #: records a member processed inside its zombie windows after its session could have
@@ -173,7 +176,9 @@ class Summary:
             f"overlapping ownership:       {self.overlaps} (plus {self.overlaps_mock_readoption} "
             "from the mock re-adopting a fenced member's stale partitions, "
             f"{self.overlaps_mock_reset} from the mock forgetting an owner's partitions when "
-            "the coordinator's connections closed)",
+            "the coordinator's connections closed, "
+            f"{self.overlaps_ck_early_ack} from librdkafka acknowledging a revocation before "
+            "its on_revoke began, with no record processed by both)",
             f"zombie windows:              {self.zombie_windows} (a fenced member not yet "
             f"aware while the next owner had the partition; longest {self.zombie_max_s:.2f}s)",
             f"zombie records:              SDK {self.zombie_records.get('sdk', 0)}, "
@@ -598,6 +603,40 @@ def _ck_owner_evidence(
     return None
 
 
+def _ck_early_ack_evidence(
+    owner: Incarnation, taker: Incarnation, a: Interval, b: Interval
+) -> str | None:
+    """A confluent-kafka owner whose revocation librdkafka acknowledged before on_revoke
+    began: the SDK taker's trace shows the broker's grant no later than it took the partition,
+    and the owner processed no record of it from then until its callback began."""
+    if _impl(owner) != "ck" or _impl(taker) != "sdk":
+        return None
+    if not any(
+        e["ev"] == "revoking" and e["t"] == a.end and a.partition in e["parts"]
+        for e in owner.events
+    ):
+        return None  # its ownership did not end where its on_revoke began
+    granted = any(
+        e["ev"] == "hb"
+        and e.get("assigned") is not None
+        and a.partition in e["assigned"]
+        and a.start <= e["t"] <= b.start
+        for e in taker.events
+    )
+    if not granted:
+        return None
+    if any(
+        e["ev"] == "rec" and e["p"] == a.partition and b.start <= e["t"] <= a.end
+        for e in owner.events
+    ):
+        return None
+    return (
+        f"the broker gave it to {b.incarnation} before {a.incarnation} (confluent-kafka) "
+        f"began its on_revoke at {a.end:.3f}, and {a.incarnation} processed no record of it "
+        "from then on"
+    )
+
+
 def _next_start(ivs: list[Interval], iv: Interval) -> float:
     """When the same incarnation next took ``iv``'s partition (its commits after that belong
     to the later ownership)."""
@@ -630,6 +669,7 @@ def analyze(
         "fatal errors": [],
         "zombie windows": [],
         "mock-reset overlaps": [],
+        "confluent-kafka early acknowledgements": [],
     }
     for ev in driver_events:
         if ev["ev"] in ACTION_EVENTS:
@@ -705,8 +745,16 @@ def analyze(
                 reset = _mock_reset_evidence(
                     incs[a.incarnation], incs[b.incarnation], a, b, coordinator_faults
                 )
+                early = _ck_early_ack_evidence(incs[a.incarnation], incs[b.incarnation], a, b)
                 if _readopted(by_inc[b.incarnation], b):
                     s.overlaps_mock_readoption += 1
+                elif early is not None:
+                    s.overlaps_ck_early_ack += 1
+                    s.examples["confluent-kafka early acknowledgements"].append(
+                        f"partition {p}: {a.incarnation} [{a.start:.3f}, {a.end:.3f}] and "
+                        f"{b.incarnation} [{b.start:.3f}, {b.end:.3f}] overlap {overlap:.3f}s: "
+                        f"{early}"
+                    )
                 elif reset is not None:
                     s.overlaps_mock_reset += 1
                     for iv in (a, b):

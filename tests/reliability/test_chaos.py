@@ -548,6 +548,51 @@ def test_checker_ends_a_confluent_kafka_owner_at_its_on_revoke_start() -> None:
     assert check(revoked_during_a_commit("ck", 1.9)).violations == {"overlaps": 1}
 
 
+def acknowledged_before_on_revoke(
+    owner: str, granted: bool, owner_rec_at: float | None
+) -> list[dict[str, Any]]:
+    """a (``owner``) owns p0 and processed 0..2; the broker gave p0 to the SDK member b at 1.85
+    (``granted``: b's heartbeat answer shows it) and b took it at 1.9, before a's on_revoke
+    began at 2.0; a processed offset 3 at ``owner_rec_at`` (if set) and b went on from a's
+    commit."""
+    redone = owner_rec_at is not None
+    return [
+        ev(0.5, "start", "a/1", impl=owner),
+        ev(0.6, "start", "b/2", impl="sdk"),
+        ev(1.0, "assign", "a/1", parts=[0]),
+        *(ev(1.1 + i / 10, "rec", "a/1", p=0, o=i) for i in range(3)),
+        *([ev(owner_rec_at, "rec", "a/1", p=0, o=3)] if redone else []),
+        *([ev(1.85, "hb", "b/2", err=0, sent=1.8, resp_ep=5, assigned=[0])] if granted else []),
+        ev(1.9, "assign", "b/2", parts=[0]),
+        ev(2.0, "revoking", "a/1", parts=[0]),
+        ev(2.1, "commit", "a/1", offsets={"0": 4 if redone else 3}),
+        ev(2.2, "revoke", "a/1", parts=[0]),
+        ev(2.3, "rec", "b/2", p=0, o=3),
+        ev(2.4, "commit", "b/2", offsets={"0": 4}),
+    ]
+
+
+def test_checker_tells_librdkafkas_early_acknowledgement_from_an_overlap() -> None:
+    """librdkafka can acknowledge a revocation before it calls on_revoke (seen during a group's
+    first formation): with the broker's grant in the SDK taker's trace and no record of the
+    partition processed by the confluent-kafka owner after the taker had it, that is counted
+    apart. An SDK owner, a taker with no grant, or a record the owner processed in that window
+    stays an overlap."""
+    summary = check(acknowledged_before_on_revoke("ck", granted=True, owner_rec_at=None))
+    assert summary.violations == {}, summary.examples
+    assert summary.overlaps_ck_early_ack == 1
+    assert (
+        "before a/1 (confluent-kafka)"
+        in summary.examples["confluent-kafka early acknowledgements"][0]
+    )
+    sdk_owner = acknowledged_before_on_revoke("sdk", granted=True, owner_rec_at=None)
+    assert check(sdk_owner).violations == {"overlaps": 1}
+    no_grant = acknowledged_before_on_revoke("ck", granted=False, owner_rec_at=None)
+    assert check(no_grant).violations == {"overlaps": 1}
+    processed = check(acknowledged_before_on_revoke("ck", granted=True, owner_rec_at=1.95))
+    assert processed.violations["overlaps"] == 1 and processed.overlaps_ck_early_ack == 0
+
+
 def closed_while_cut_off(closing: bool, last_ok_sent: float) -> list[dict[str, Any]]:
     """a owns p0 and processed 0..3 but committed only 3; its last heartbeat answered without
     error was sent at ``last_ok_sent``; b took p0 at 8.0 and redid offset 3; a was closed at
