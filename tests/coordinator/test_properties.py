@@ -28,14 +28,10 @@ op = st.one_of(
 )
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.lists(op, max_size=60), st.sampled_from((0, 1_000)))
-def test_no_partition_is_ever_held_by_two_members(
-    ops: list[tuple[object, ...]], interval: int
-) -> None:
-    c = GroupCoordinator(CoordinatorConfig(assignment_interval_ms=interval), {"t": 4, "u": 3})
-    clients = {
-        name: Client(
+def make_clients(c: GroupCoordinator, kind: type[Client] = Client) -> dict[str, Client]:
+    """The group's members: m2 subscribes to t only, s0 is static."""
+    return {
+        name: kind(
             c,
             name,
             topics=("t", "u") if name != "m2" else ("t",),
@@ -44,6 +40,40 @@ def test_no_partition_is_ever_held_by_two_members(
         )
         for name in MEMBERS
     }
+
+
+def member_step(
+    c: GroupCoordinator, client: Client, step: tuple[object, ...], now: int
+) -> HeartbeatResponse:
+    """One member's request for a step of `op` naming that member."""
+    kind = step[0]
+    if kind == "join":
+        return client.join(now)
+    if kind == "ack":
+        return client.ack(now)
+    if kind == "delta":
+        return client.hb(now)
+    if kind == "lie":
+        tid = c.topics.topic_id("t")
+        assert tid is not None and isinstance(step[2], set)
+        return client.hb(now, owned={(tid, p) for p in step[2]})
+    if kind == "stale":
+        return client.full(now, owned=client.assignment, epoch=max(0, client.epoch - 1))
+    if kind == "leave":
+        assert isinstance(step[2], int)
+        return client.leave(now, epoch=step[2] if client.instance_id else -1)
+    assert kind == "resubscribe", step
+    client.topics = ("u",) if client.topics != ("u",) else ("t", "u")
+    return client.full(now, owned=client.assignment)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(op, max_size=60), st.sampled_from((0, 1_000)))
+def test_no_partition_is_ever_held_by_two_members(
+    ops: list[tuple[object, ...]], interval: int
+) -> None:
+    c = GroupCoordinator(CoordinatorConfig(assignment_interval_ms=interval), {"t": 4, "u": 3})
+    clients = make_clients(c)
     incarnation = 0
     now = 0
     epochs: dict[str, int] = {}
@@ -66,24 +96,7 @@ def test_no_partition_is_ever_held_by_two_members(
         else:
             assert isinstance(step[1], str)
             client = clients[step[1]]
-            if kind == "join":
-                r = client.join(now)
-            elif kind == "ack":
-                r = client.ack(now)
-            elif kind == "delta":
-                r = client.hb(now)
-            elif kind == "lie":
-                tid = c.topics.topic_id("t")
-                assert tid is not None and isinstance(step[2], set)
-                r = client.hb(now, owned={(tid, p) for p in step[2]})
-            elif kind == "stale":
-                r = client.full(now, owned=client.assignment, epoch=max(0, client.epoch - 1))
-            elif kind == "leave":
-                assert isinstance(step[2], int)
-                r = client.leave(now, epoch=step[2] if client.instance_id else -1)
-            else:
-                client.topics = ("u",) if client.topics != ("u",) else ("t", "u")
-                r = client.full(now, owned=client.assignment)
+            r = member_step(c, client, step, now)
             sent_epoch = client.last_request_epoch
             assert (r.error_code == E.INVALID_REQUEST and sent_epoch == 0) or r.error_code in {
                 0,
@@ -165,20 +178,8 @@ def test_a_reused_plain_request_is_answered_as_a_fresh_copy(
     coordinators = [GroupCoordinator(config, {"t": 4, "u": 3}) for _ in range(3)]
     coordinators[2]._shortcut = False
 
-    def clients_of(c: GroupCoordinator, kind: type[Client]) -> dict[str, Client]:
-        return {
-            name: kind(
-                c,
-                name,
-                topics=("t", "u") if name != "m2" else ("t",),
-                instance_id="i0" if name.startswith("s") else None,
-                rebalance_timeout_ms=30_000,
-            )
-            for name in MEMBERS
-        }
-
     kinds: tuple[type[Client], ...] = (_ReusingClient, Client, Client)
-    clients = [clients_of(c, kind) for c, kind in zip(coordinators, kinds, strict=True)]
+    clients = [make_clients(c, kind) for c, kind in zip(coordinators, kinds, strict=True)]
     now = 0
     incarnation = 0
     for step in WARM_UP + ops:
@@ -220,23 +221,7 @@ def test_a_reused_plain_request_is_answered_as_a_fresh_copy(
             else:
                 assert isinstance(step[1], str)
                 client = cs[step[1]]
-                if kind == "join":
-                    outcome = client.join(now)
-                elif kind == "ack":
-                    outcome = client.ack(now)
-                elif kind == "delta":
-                    outcome = client.hb(now)
-                elif kind == "lie":
-                    tid = c.topics.topic_id("t")
-                    assert tid is not None and isinstance(step[2], set)
-                    outcome = client.hb(now, owned={(tid, p) for p in step[2]})
-                elif kind == "stale":
-                    epoch = max(0, client.epoch - 1)
-                    outcome = client.full(now, owned=client.assignment, epoch=epoch)
-                elif kind == "leave":
-                    assert isinstance(step[2], int)
-                    outcome = client.leave(now, epoch=step[2] if client.instance_id else -1)
-                elif kind == "inject":
+                if kind == "inject":
                     c.inject_error(client.member_id, E.NOT_COORDINATOR)
                 elif kind == "lost":
                     # A plain heartbeat whose answer never arrives: the client keeps its epoch.
@@ -244,8 +229,7 @@ def test_a_reused_plain_request_is_answered_as_a_fresh_copy(
                     outcome = client.hb(now)
                     client.epoch, client.last = epoch, last
                 else:
-                    client.topics = ("u",) if client.topics != ("u",) else ("t", "u")
-                    outcome = client.full(now, owned=client.assignment)
+                    outcome = member_step(c, client, step, now)
             outcomes.append((outcome, c.describe("g"), c.next_timer_ms()))
         if kind in ("tick", "round"):
             assert isinstance(step[1], int)
