@@ -568,6 +568,19 @@ def _sdk_owner_evidence(
     return None
 
 
+def _grants(taker: Incarnation, partition: Partition, until: float) -> list[dict[str, Any]]:
+    """The heartbeat answers in an SDK member's trace, up to ``until``, whose assignment gave
+    it ``partition``."""
+    return [
+        e
+        for e in taker.events
+        if e["ev"] == "hb"
+        and e.get("assigned") is not None
+        and partition in e["assigned"]
+        and e["t"] <= until
+    ]
+
+
 def _ck_owner_evidence(
     taker: Incarnation, a: Interval, b: Interval, coordinator_faults: list[tuple[float, str]]
 ) -> str | None:
@@ -575,15 +588,7 @@ def _ck_owner_evidence(
     returned (``a.end``); the SDK taker's trace shows the broker granted the partition before
     that, after the coordinator went down or moved (librdkafka closes its coordinator
     connection when the coordinator changes, and the mock then forgets its partitions)."""
-    grants = [
-        e
-        for e in taker.events
-        if e["ev"] == "hb"
-        and e.get("assigned") is not None
-        and a.partition in e["assigned"]
-        and e["t"] <= b.start
-        and b.start - e["t"] < 10.0
-    ]
+    grants = [e for e in _grants(taker, a.partition, b.start) if b.start - e["t"] < 10.0]
     if not grants:
         return None
     grant = grants[-1]
@@ -616,14 +621,7 @@ def _ck_early_ack_evidence(
         for e in owner.events
     ):
         return None  # its ownership did not end where its on_revoke began
-    granted = any(
-        e["ev"] == "hb"
-        and e.get("assigned") is not None
-        and a.partition in e["assigned"]
-        and a.start <= e["t"] <= b.start
-        for e in taker.events
-    )
-    if not granted:
+    if not any(a.start <= e["t"] for e in _grants(taker, a.partition, b.start)):
         return None
     if any(
         e["ev"] == "rec" and e["p"] == a.partition and b.start <= e["t"] <= a.end
@@ -745,16 +743,8 @@ def analyze(
                 reset = _mock_reset_evidence(
                     incs[a.incarnation], incs[b.incarnation], a, b, coordinator_faults
                 )
-                early = _ck_early_ack_evidence(incs[a.incarnation], incs[b.incarnation], a, b)
                 if _readopted(by_inc[b.incarnation], b):
                     s.overlaps_mock_readoption += 1
-                elif early is not None:
-                    s.overlaps_ck_early_ack += 1
-                    s.examples["confluent-kafka early acknowledgements"].append(
-                        f"partition {p}: {a.incarnation} [{a.start:.3f}, {a.end:.3f}] and "
-                        f"{b.incarnation} [{b.start:.3f}, {b.end:.3f}] overlap {overlap:.3f}s: "
-                        f"{early}"
-                    )
                 elif reset is not None:
                     s.overlaps_mock_reset += 1
                     for iv in (a, b):
@@ -763,6 +753,15 @@ def analyze(
                         f"partition {p}: {a.incarnation} [{a.start:.3f}, {a.end:.3f} "
                         f"{a.end_kind}] and {b.incarnation} [{b.start:.3f}, {b.end:.3f}] "
                         f"overlap {overlap:.3f}s: {reset}"
+                    )
+                elif (
+                    early := _ck_early_ack_evidence(incs[a.incarnation], incs[b.incarnation], a, b)
+                ) is not None:
+                    s.overlaps_ck_early_ack += 1
+                    s.examples["confluent-kafka early acknowledgements"].append(
+                        f"partition {p}: {a.incarnation} [{a.start:.3f}, {a.end:.3f}] and "
+                        f"{b.incarnation} [{b.start:.3f}, {b.end:.3f}] overlap {overlap:.3f}s: "
+                        f"{early}"
                     )
                 else:
                     s.overlaps += 1
