@@ -745,7 +745,7 @@ def test_a_member_built_during_a_failed_start_is_closed(embedded_kafka: Embedded
 
 _CONSTRUCT_PROBE = textwrap.dedent(
     """
-    import sys, time, types
+    import sys, threading, time, types
     from spark_integration import driver
     from spark_integration.options import SourceOptions
     from spark_integration.source import Kip848StreamReader
@@ -756,12 +756,17 @@ _CONSTRUCT_PROBE = textwrap.dedent(
         "t" if sys.argv[2] == "subscribe" else '{"t": [0]}'
     )
     Kip848StreamReader(SourceOptions.parse(options))
+    member_module = "consumer_sdk.runtime.group_member"
+    if sys.argv[1] != "stream-reader" or sys.argv[2] != "subscribe":
+        # Nothing may have been started: neither the importing thread (started, if at all,
+        # inside the constructor) nor the import itself.
+        importing = any(t.name == "kip848-import" for t in threading.enumerate())
+        print(importing or member_module in sys.modules)
+        sys.exit(0)
     deadline = time.monotonic() + 60
-    while "consumer_sdk.runtime.group_member" not in sys.modules and time.monotonic() < deadline:
+    while member_module not in sys.modules and time.monotonic() < deadline:
         time.sleep(0.01)
-        if sys.argv[1] != "stream-reader" or sys.argv[2] != "subscribe":
-            break  # nothing was started: no thread to wait for
-    print("consumer_sdk.runtime.group_member" in sys.modules)
+    print(member_module in sys.modules)
     """
 )
 
