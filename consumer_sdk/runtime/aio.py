@@ -141,28 +141,43 @@ class _LoopWaker:
         self._loop = weakref.ref(loop)
         self._lock = threading.Lock()
         self._members: list[AIOGroupMember] = []
-        # (event loop thread) Waits to end per slot (its end on the loop's clock).
-        self._slots: dict[float, list[asyncio.Future[None]]] = {}
+        # (event loop thread) Per slot (its end on the loop's clock): its timer and the waits
+        # still to end in it (a wait woken before drops out: see `forget`).
+        self._slots: dict[float, tuple[asyncio.TimerHandle, set[asyncio.Future[None]]]] = {}
 
     def wake_at(
         self, loop: asyncio.AbstractEventLoop, delay: float, waiter: asyncio.Future[None]
-    ) -> None:
+    ) -> float:
         """(event loop thread) End ``waiter`` (if still pending) at the end of the
         `_TIMER_GRAIN_S` slot in which ``delay`` seconds from now falls: at most that much
         later than asked. One timer per slot serves every member waiting into it, and the
         loop wakes once for all of them (1,000 members polling once a second: ~200 timers a
-        second instead of 1,000, and as many fewer turns of the loop)."""
+        second instead of 1,000, and as many fewer turns of the loop). Returns the slot."""
         when = math.ceil((loop.time() + delay) / _TIMER_GRAIN_S) * _TIMER_GRAIN_S
         slot = self._slots.get(when)
         if slot is None:
-            slot = self._slots[when] = []
-            loop.call_at(when, self._end_slot, when)
-        slot.append(waiter)
+            slot = self._slots[when] = (loop.call_at(when, self._end_slot, when), set())
+        slot[1].add(waiter)
+        return when
+
+    def forget(self, when: float, waiter: asyncio.Future[None]) -> None:
+        """(event loop thread) ``waiter``'s wait ended (woken, or its slot's end): nothing
+        keeps it, and a slot no wait is left in goes with its timer (a member woken by
+        records again and again with a long timeout leaves no timers behind)."""
+        slot = self._slots.get(when)
+        if slot is not None:
+            waiters = slot[1]
+            waiters.discard(waiter)
+            if not waiters:
+                slot[0].cancel()
+                del self._slots[when]
 
     def _end_slot(self, when: float) -> None:
-        for waiter in self._slots.pop(when, ()):
-            if not waiter.done():
-                waiter.set_result(None)
+        slot = self._slots.pop(when, None)
+        if slot is not None:
+            for waiter in slot[1]:
+                if not waiter.done():
+                    waiter.set_result(None)
 
     def add(self, member: AIOGroupMember) -> None:
         """(any thread) Run ``member._wake()`` on the event loop soon."""
@@ -319,8 +334,9 @@ class AIOGroupMember:
         loop = self._loop
         waiter = self._waiter = loop.create_future()
         timer: asyncio.TimerHandle | None = None
+        slot = 0.0
         if timeout >= _SHARED_TIMER_FROM_S:
-            self._loop_waker.wake_at(loop, timeout, waiter)
+            slot = self._loop_waker.wake_at(loop, timeout, waiter)
         else:
             timer = loop.call_later(timeout, self._wake_timer, waiter)
         try:
@@ -328,6 +344,8 @@ class AIOGroupMember:
         finally:
             if timer is not None:
                 timer.cancel()
+            else:
+                self._loop_waker.forget(slot, waiter)
             self._waiter = None
             self._suspended_at = time.monotonic()
 

@@ -475,6 +475,8 @@ def test_long_waits_of_members_on_one_loop_share_timers(embedded_kafka: Embedded
     """Waits of members on one event loop that end in the same ``_TIMER_GRAIN_S`` slot share
     one loop timer (fails with a timer per member), and none ends before its time."""
 
+    from consumer_sdk.runtime import aio as aio_module
+
     timers: list[str] = []
 
     class CountingLoop(asyncio.SelectorEventLoop):
@@ -496,6 +498,17 @@ def test_long_waits_of_members_on_one_loop_share_timers(embedded_kafka: Embedded
         wait_timers = [t for t in timers if t in ("_end_slot", "_wake_timer")]
         assert min(waited) >= 0.3, waited
         assert 1 <= len(wait_timers) < len(members) // 2, wait_timers
+        # Waits that end before their slot (here cancelled) leave no slot or timer behind.
+        slots = aio_module._loop_waker(loop)._slots
+        polls = [asyncio.ensure_future(m.poll(30)) for m in members]
+        deadline = loop.time() + 10
+        while any(m._waiter is None for m in members) and loop.time() < deadline:
+            await asyncio.sleep(0.005)  # until every poll waits
+        assert slots and all(not p.done() for p in polls)
+        for p in polls:
+            p.cancel()
+        await asyncio.gather(*polls, return_exceptions=True)
+        assert slots == {}
         await asyncio.gather(*(m.close() for m in members))
 
     with asyncio.Runner(loop_factory=CountingLoop) as runner:
