@@ -46,7 +46,7 @@ from consumer_sdk.protocol.sasl import (
 )
 from consumer_sdk.protocol.security import ConnectionSettings
 
-__all__ = ["BrokerConnection", "TlsHandshakeError", "pick_version"]
+__all__ = ["BrokerConnection", "TlsHandshakeError", "pick_version", "warm_schemas"]
 
 log = logging.getLogger("consumer_sdk.protocol")
 
@@ -56,6 +56,24 @@ R = TypeVar("R", bound=ResponsePayload)
 # a downgrade), and every process that opens one pays the import.
 _API_VERSIONS = messages.Schemas("api_versions", (0, 1, 2, 3, 4))
 _API_VERSIONS_MAX = max(_API_VERSIONS)
+
+
+def warm_schemas() -> None:
+    """Import what a member's first connection and requests use, ahead of them.
+
+    The kio schemas are imported on first use (a process that never connects pays
+    nothing), which put 0.1-0.2 s of imports on a member's join path, between its
+    subscription and its first heartbeat. The network loop runs this on a helper thread
+    when it starts, so the imports overlap the application's own start: first the newest
+    versions (what a current broker negotiates), then the older ones (an older broker's or
+    the mock cluster's, and the ApiVersions downgrade).
+    """
+    import encodings.idna  # noqa: F401  (socket.getaddrinfo encodes host names with it)
+
+    _API_VERSIONS.load_newest()
+    messages.warm_member_schemas(every_version=False)
+    _API_VERSIONS.load_all()
+    messages.warm_member_schemas(every_version=True)
 
 
 class TlsHandshakeError(KafkaTransportError):

@@ -105,6 +105,15 @@ class Schemas(Mapping[int, tuple[ModuleType, ModuleType]]):
             self._loaded[version] = pair
         return pair
 
+    def load_newest(self) -> None:
+        """Import the newest version's modules: the one a current broker negotiates."""
+        self[max(self._versions)]
+
+    def load_all(self) -> None:
+        """Import every version's modules, newest first."""
+        for version in sorted(self._versions, reverse=True):
+            self[version]
+
     def __iter__(self) -> Iterator[int]:
         return iter(self._versions)
 
@@ -121,6 +130,17 @@ _CGD = Schemas("consumer_group_describe", (0, 1))
 _LG = Schemas("list_groups", (5,))
 _LO = Schemas("list_offsets", (7, 8, 9))
 _DC = Schemas("describe_configs", (4,))
+
+
+_MEMBER_SCHEMAS = (_HB, _FC, _MD, _OF, _OC, _DC)
+
+
+def warm_member_schemas(every_version: bool) -> None:
+    """Import the schemas of the APIs on a group member's join path (heartbeat, coordinator
+    lookup, metadata, offsets, the session-timeout lookup): the newest versions, or all."""
+    for schemas in _MEMBER_SCHEMAS:
+        schemas.load_all() if every_version else schemas.load_newest()
+
 
 #: Versions this SDK implements, per API key (the highest one the broker also has is used).
 SUPPORTED_VERSIONS: dict[int, tuple[int, ...]] = {

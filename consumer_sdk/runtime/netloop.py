@@ -33,7 +33,7 @@ from typing import Any, ClassVar
 from consumer_sdk.backoff import Backoff
 from consumer_sdk.errors import KafkaException, KafkaTransportError
 from consumer_sdk.observability.log_routing import routed_logs
-from consumer_sdk.protocol.connection import BrokerConnection
+from consumer_sdk.protocol.connection import BrokerConnection, warm_schemas
 from consumer_sdk.protocol.multiplex import Call, Done, MuxConnection
 from consumer_sdk.protocol.security import ConnectionSettings
 
@@ -54,6 +54,27 @@ _here = threading.local()
 def on_loop_thread() -> bool:
     """Whether the calling thread runs a network loop."""
     return getattr(_here, "loop", False) is True
+
+
+_warm_up_pid: int | None = None
+
+
+def _start_warm_up() -> None:
+    """Once per process, a short-lived helper thread imports what a member's join would
+    otherwise wait for (`warm_schemas`). A forked child runs it again: the parent's may not
+    have finished, and imports already done cost nothing."""
+    global _warm_up_pid
+    if _warm_up_pid == os.getpid():
+        return
+    _warm_up_pid = os.getpid()
+
+    def run() -> None:
+        try:
+            warm_schemas()
+        except Exception:  # an import that fails here fails again, with its error, where used
+            log.debug("schema warm-up failed", exc_info=True)
+
+    threading.Thread(target=run, name="consumer-sdk-warmup", daemon=True).start()
 
 
 class Timer:
@@ -133,6 +154,7 @@ class NetworkLoop:
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
             self._thread.start()
+            _start_warm_up()
 
     def _stop(self) -> None:
         self._stopping = True
