@@ -490,17 +490,29 @@ class AIOGroupMember:
         waits until one ran); always returns None."""
         s = self._sync
         s._ensure_usable()
-        s._net.note_poll()
-        deadline = time.monotonic() + _wait_seconds(timeout)
+        net = s._net
+        net.note_poll()
+        deadline = _monotonic() + _wait_seconds(timeout)
+        first = True
         while True:
             self._woken = False
             if self._has_work() and await self._dispatch():
                 return None
-            remaining = deadline - time.monotonic()
+            remaining = deadline - _monotonic()
             if remaining <= 0:
                 return None
-            s._net.note_poll()
-            await self._wait(min(remaining, self._slice()))
+            if not first:
+                net.note_poll()
+            first = False
+            wait = self._slice()
+            if remaining <= wait:
+                # The last wait: a timer ends it at the deadline or later (nothing to check
+                # again then); anything queued for this member wakes it first (`_resume`).
+                await self._wait(remaining)
+                if not self._woken:
+                    return None
+            else:
+                await self._wait(wait)
 
     # -- commits ----------------------------------------------------------------------------
 
