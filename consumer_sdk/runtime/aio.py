@@ -350,10 +350,17 @@ class AIOGroupMember:
             self._suspended_at = time.monotonic()
 
     async def _take_turns(self) -> None:
-        """Give the event loop a turn if this member's calls have not suspended for a while."""
-        if time.monotonic() - self._suspended_at >= _YIELD_EVERY_S:
+        """Give the event loop a turn if this member's calls have not suspended for a while.
+
+        Twice: a timer that fell due during this member's turn joins the loop's ready queue
+        behind the task that yielded, so after one yield the loop would run this member's
+        next turn (a take and whatever the caller does with it) before that timer's callback
+        (a 1 ms ticker's lateness: up to two turns). After the first yield this task only
+        queues itself again, behind the due timers."""
+        if _monotonic() - self._suspended_at >= _YIELD_EVERY_S:
             await asyncio.sleep(0)
-            self._suspended_at = time.monotonic()
+            await asyncio.sleep(0)
+            self._suspended_at = _monotonic()
 
     @staticmethod
     def _wake_timer(waiter: asyncio.Future[None]) -> None:
