@@ -338,6 +338,47 @@ def test_async_for_takes_records_from_librdkafka_in_bounded_chunks(
     run(main(), timeout=60)
 
 
+def test_a_timer_due_during_a_turn_runs_before_the_next_take(
+    embedded_kafka: EmbeddedKafka, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """When ``consume`` gives the event loop a turn, a timer that fell due during the
+    caller's turn runs before the call takes records again (asyncio queues it behind the
+    yielding task: one yield would take first)."""
+    from consumer_sdk.runtime import aio as aio_module
+
+    monkeypatch.setattr(aio_module, "_YIELD_EVERY_S", 0.0)  # every call gives a turn
+    topic, group = "aio-turns", "aio-turns-g"
+    embedded_kafka.create_topic(topic, partitions=1)
+    embedded_kafka.produce(topic, [b"x"] * 200)
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        async with AIOConsumer(config(embedded_kafka, group, enable_auto_commit=False)) as c:
+            await c.subscribe([topic])
+            events: list[str] = []
+            fetcher = c._sync._fetcher
+            take = fetcher.consume
+
+            def consume(num_messages: int, timeout: float) -> list[confluent_kafka.Message]:
+                events.append("take")
+                return take(num_messages, timeout)
+
+            monkeypatch.setattr(fetcher, "consume", consume)
+            got = 0
+            while got < 200:
+                msgs = await c.consume(20, 30.0)
+                got += len(msgs)
+                if msgs:
+                    events.append("turn")
+                    loop.call_at(loop.time() - 1, events.append, "timer")  # due already
+            turns = [i for i, e in enumerate(events) if e == "turn"]
+            assert len(turns) >= 5, events
+            for i in turns[:-1]:
+                assert events[i + 1] == "timer", events[i : i + 3]
+
+    run(main(), timeout=60)
+
+
 @pytest.mark.parametrize("mode", ["consume", "async_for"])
 def test_a_short_queue_is_left_to_fill_and_cancelling_that_wait_takes_nothing(
     embedded_kafka: EmbeddedKafka, mode: str, monkeypatch: pytest.MonkeyPatch
