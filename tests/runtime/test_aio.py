@@ -556,6 +556,41 @@ def test_long_waits_of_members_on_one_loop_share_timers(embedded_kafka: Embedded
         runner.run(asyncio.wait_for(main(), 60))
 
 
+def test_group_member_poll_runs_work_that_woke_its_last_wait(
+    embedded_kafka: EmbeddedKafka,
+) -> None:
+    """A stable member's ``poll(t)`` whose one wait (``t`` within a slice) is woken by work
+    (here an asynchronous commit's ``on_commit``) runs it in that call: only a wait that
+    ran to its timer returns without looking for work again."""
+    topic, group = "aio-member-wake", "aio-member-wake-g"
+    embedded_kafka.create_topic(topic, partitions=1)
+
+    async def main() -> None:
+        results: list[object] = []
+        m = AIOGroupMember(
+            {**config(embedded_kafka, group), "on_commit": lambda err, tps: results.append(tps)}
+        )
+        await m.subscribe([topic])
+        deadline = time.monotonic() + 30
+        while not (m.state is MemberState.STABLE and m.assignment()):
+            assert time.monotonic() < deadline, "not stable"
+            await m.poll(0.05)  # reconciliation runs inside poll
+        assert m._slice() >= 0.9
+        loop = asyncio.get_running_loop()
+        for _ in range(3):
+            results.clear()
+            poll = asyncio.ensure_future(m.poll(0.9))
+            await until(lambda: m._waiter is not None, "poll waiting", 10)
+            start = loop.time()
+            await m.commit(offsets=[TopicPartition(topic, 0, 0)], asynchronous=True)
+            await poll
+            assert len(results) == 1, "on_commit did not run in the poll it woke"
+            assert loop.time() - start < 0.9
+        await m.close()
+
+    run(main(), timeout=60)
+
+
 def _read_offsets(out: Any, printed: list[int], enough_at: int, enough: threading.Event) -> None:
     """(a thread) Offsets a member process prints, one a line, into ``printed``; ``enough``
     is set once it holds ``enough_at`` or the process ended."""
