@@ -352,14 +352,17 @@ class AIOGroupMember:
     async def _take_turns(self) -> None:
         """Give the event loop a turn if this member's calls have not suspended for a while.
 
-        Twice: a timer that fell due during this member's turn joins the loop's ready queue
-        behind the task that yielded, so after one yield the loop would run this member's
-        next turn (a take and whatever the caller does with it) before that timer's callback
-        (a 1 ms ticker's lateness: up to two turns). After the first yield this task only
-        queues itself again, behind the due timers."""
+        The turn is a timer due at once, not ``sleep(0)``: asyncio queues the callbacks of
+        timers that fell due during this member's turn behind a task that yielded, and a
+        task sleeping in ``asyncio.sleep`` runs one loop iteration after its timer; after
+        ``sleep(0)`` this member's next turn (a take of records and the caller's work on
+        them) would come first. A timer due now is handled after those due earlier, so the
+        sleepers' wake-ups are queued ahead of this member's."""
         if _monotonic() - self._suspended_at >= _YIELD_EVERY_S:
-            await asyncio.sleep(0)
-            await asyncio.sleep(0)
+            loop = self._loop
+            turn = loop.create_future()
+            loop.call_at(loop.time(), self._wake_timer, turn)
+            await turn
             self._suspended_at = _monotonic()
 
     @staticmethod

@@ -341,9 +341,10 @@ def test_async_for_takes_records_from_librdkafka_in_bounded_chunks(
 def test_a_timer_due_during_a_turn_runs_before_the_next_take(
     embedded_kafka: EmbeddedKafka, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """When ``consume`` gives the event loop a turn, a timer that fell due during the
-    caller's turn runs before the call takes records again (asyncio queues it behind the
-    yielding task: one yield would take first)."""
+    """When ``consume`` gives the event loop a turn, a task whose sleep ended during the
+    caller's turn runs before the call takes records again (asyncio queues a due timer's
+    callback behind a yielding task, and the sleeper runs an iteration after that: with
+    ``sleep(0)``, once or twice, the take would come first)."""
     from consumer_sdk.runtime import aio as aio_module
 
     monkeypatch.setattr(aio_module, "_YIELD_EVERY_S", 0.0)  # every call gives a turn
@@ -364,17 +365,28 @@ def test_a_timer_due_during_a_turn_runs_before_the_next_take(
                 return take(num_messages, timeout)
 
             monkeypatch.setattr(fetcher, "consume", consume)
+
+            async def sleeper(due: asyncio.Future[None]) -> None:
+                await due
+                events.append("timer")
+
+            sleepers: list[asyncio.Future[None]] = []
             got = 0
             while got < 200:
                 msgs = await c.consume(20, 30.0)
                 got += len(msgs)
                 if msgs:
                     events.append("turn")
-                    loop.call_at(loop.time() - 1, events.append, "timer")  # due already
+                    # A task sleeping until a time that passed during this turn (as in
+                    # asyncio.sleep: a timer ends the wait, the task runs an iteration later).
+                    due: asyncio.Future[None] = loop.create_future()
+                    loop.call_at(loop.time() - 1, due.set_result, None)
+                    sleepers.append(asyncio.ensure_future(sleeper(due)))
             turns = [i for i, e in enumerate(events) if e == "turn"]
             assert len(turns) >= 5, events
             for i in turns[:-1]:
                 assert events[i + 1] == "timer", events[i : i + 3]
+            await asyncio.gather(*sleepers)
 
     run(main(), timeout=60)
 
