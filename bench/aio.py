@@ -91,8 +91,9 @@ def _stats(values: list[float]) -> tuple[float, float]:
 
 
 class _Ticker:
-    """A task sleeping 1 ms at a time; records how late each wake-up is, split by what the
-    event loop's thread did meanwhile (Linux: ``/proc/thread-self/schedstat``):
+    """A task sleeping 1 ms at a time; records how late each wake-up is (after the time its
+    sleep was due), split by what the event loop's thread did since the previous wake-up
+    (Linux: ``/proc/thread-self/schedstat``):
 
     * ``held_cpu``: the lateness less the thread's off-CPU time between the two wake-ups
       (at least 0): work running on the loop;
@@ -115,9 +116,12 @@ class _Ticker:
         last_cpu = time.thread_time()
         last_rq = runqueue() if runqueue is not None else 0.0
         while True:
+            # A tick is late by how long after its due time it ran: the ticker's own
+            # bookkeeping between a wake-up and its next sleep is not the loop held.
+            due = time.perf_counter() + TICK_S
             await asyncio.sleep(TICK_S)
             now, cpu = time.perf_counter(), time.thread_time()
-            late = max(now - last - TICK_S, 0.0)
+            late = max(now - due, 0.0)
             off_cpu = max((now - last) - (cpu - last_cpu), 0.0)
             self.lateness.append(late)
             self.held_cpu.append(max(late - off_cpu, 0.0))
