@@ -11,8 +11,9 @@ awaits:
   (``call_soon_threadsafe``), never a thread per call;
 * records wake it through librdkafka's IO event on the fetcher's queue (a byte written to a
   pipe that the event loop watches with ``add_reader``); taking them is a non-blocking call,
-  made, after a take found the queue empty, once it holds a batch or 1 ms after it first
-  held fewer (`AIOConsumer._hold`: the wait takes nothing);
+  made, after a take found the queue empty, once it holds a batch or 20 ms (``consume``;
+  ``async for``: 1 ms) after it first held fewer (`AIOConsumer._hold`: the wait takes
+  nothing);
 * OffsetCommit and OffsetFetch are `Completion`\\ s of the network loop, bridged to asyncio
   futures and awaited with their deadline.
 
@@ -95,8 +96,11 @@ _YIELD_EVERY_S = 0.0003
 # p99 of a 1 ms ticker was ~1.5 ms, ~1.05 with 96, as a busy loop without the SDK).
 _FILL_BATCH = 96
 # The longest records queued in librdkafka are left there for more to arrive (see
-# `AIOConsumer._hold`): the most latency it adds to a record.
+# `AIOConsumer._hold`): the most latency it adds to a record. ``async for`` (a record at a
+# time, as the sync poll that returns at once); ``consume(n)`` as the sync `Consumer.consume`,
+# which lets librdkafka fill a batch for up to 20 ms (a fetch slice).
 _LINGER_S = 0.001
+_CONSUME_LINGER_S = 0.02
 # Waits of at least `_SHARED_TIMER_FROM_S` end on a shared grid of `_TIMER_GRAIN_S` slots
 # (`_LoopWaker.wake_at`): up to that much late, so that many members' waits share timers.
 _SHARED_TIMER_FROM_S = 0.05
@@ -700,6 +704,7 @@ class AIOConsumer(AIOGroupMember):
         # End of the current wait for a short queue to fill (`_hold`; 0: none), and whether
         # the last take found librdkafka's queue empty (only then is the wait made).
         self._linger_until = 0.0
+        self._linger_step = _LINGER_S
         self._drained = False
         self._pipe: tuple[int, int] | None = None
         fetcher = self._sync._fetcher
@@ -728,13 +733,13 @@ class AIOConsumer(AIOGroupMember):
     def _slice(self) -> float:
         return min(super()._slice(), _RECORD_SLICE_S)
 
-    def _hold(self, wanted: int, deadline: float) -> float:
+    def _hold(self, wanted: int, deadline: float, linger: float) -> float:
         """How long to leave the records queued in librdkafka before taking them (0: take
         now). After a take found the queue empty (the IO event woke the loop), fewer than
         ``wanted`` queued and the fetcher's buffer empty: librdkafka is likely still putting
         a fetch response on the queue, and taking at once would wake the event loop for a
         few records each time (measured: thousands of wake-ups of a few records in a
-        200,000-record read). So up to `_LINGER_S` from the first such look, bounded by
+        200,000-record read). So up to ``linger`` from the first such look, bounded by
         ``deadline``, as librdkafka's own batch call waits for a batch (`Consumer.consume`).
         While takes keep finding records, no wait (it would idle the loop); nothing queued:
         take now (the empty take re-arms the IO event)."""
@@ -748,11 +753,16 @@ class AIOConsumer(AIOGroupMember):
             return 0.0
         until = self._linger_until
         if not until:
-            until = self._linger_until = min(now + _LINGER_S, deadline)
+            until = self._linger_until = min(now + linger, deadline)
+            self._linger_step = _LINGER_S
         if now >= until:
             self._linger_until = 0.0
             return 0.0
-        return until - now
+        # No IO event comes while records wait in the queue (it is not served): look at its
+        # length again after 1, 3, 7, 15 ... ms, not only at the end.
+        step = self._linger_step
+        self._linger_step = step * 2
+        return min(until - now, step)
 
     # -- records ----------------------------------------------------------------------------
 
@@ -778,7 +788,7 @@ class AIOConsumer(AIOGroupMember):
                 if s._error_events:
                     return s._error_events.popleft()
             # An `async for` step lets a short queue fill (`_hold`); `poll` takes at once.
-            hold = self._hold(_FILL_BATCH, deadline) if until_close else 0.0
+            hold = self._hold(_FILL_BATCH, deadline, _LINGER_S) if until_close else 0.0
             if hold <= 0:
                 msg = fetcher.poll(0, None, _FILL_BATCH)
                 if msg is not None:
@@ -793,8 +803,9 @@ class AIOConsumer(AIOGroupMember):
 
     async def consume(self, num_messages: int = 1, timeout: float | None = None) -> list[Message]:
         """As `Consumer.consume`: up to ``num_messages`` records (and error events, as
-        `poll`) within ``timeout`` seconds (fewer than ``num_messages`` go out at most 1 ms
-        after they are there: see `_hold`); ``None`` waits until at least one."""
+        `poll`) within ``timeout`` seconds (fewer than ``num_messages`` go out at most 20 ms
+        after they are there, as with `Consumer.consume`: see `_hold`); ``None`` waits until
+        at least one."""
         s = self._sync
         if s._error_events and not s._closed:
             return s._take_error_events()
@@ -807,7 +818,7 @@ class AIOConsumer(AIOGroupMember):
                 await self._dispatch()
                 if s._error_events:
                     return s._take_error_events()
-            hold = self._hold(num_messages, deadline)
+            hold = self._hold(num_messages, deadline, _CONSUME_LINGER_S)
             if hold <= 0:
                 msgs = fetcher.consume(num_messages, 0)
                 if msgs:

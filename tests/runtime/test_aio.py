@@ -396,12 +396,12 @@ def test_a_short_queue_is_left_to_fill_and_cancelling_that_wait_takes_nothing(
     embedded_kafka: EmbeddedKafka, mode: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """With fewer records queued in librdkafka than a ``consume(n)`` (or an ``async for``
-    fill) takes, the call waits for more (at most ``_LINGER_S``, lengthened here so the
-    wait can be seen) without taking any: cancelled there, it has taken nothing (the records
-    are still librdkafka's, no position moved), and the next call returns them all."""
+    fill) takes, the call waits for more (at most ``_CONSUME_LINGER_S`` / ``_LINGER_S``,
+    lengthened here so the wait can be seen) without taking any: cancelled there, it has
+    taken nothing (the records are still librdkafka's, no position moved), and the next call
+    returns them all."""
     from consumer_sdk.runtime import aio as aio_module
 
-    monkeypatch.setattr(aio_module, "_LINGER_S", 60.0)
     topic, group = f"aio-linger-{mode}", f"aio-linger-{mode}-g"
     embedded_kafka.create_topic(topic, partitions=1)
     tp = TopicPartition(topic, 0)
@@ -416,7 +416,9 @@ def test_a_short_queue_is_left_to_fill_and_cancelling_that_wait_takes_nothing(
             await asyncio.to_thread(embedded_kafka.produce, topic, [b"x"] * 10)
             io = c._io
             assert io is not None
-            await until(lambda: io.length() == 10, "10 records queued in librdkafka")
+            # librdkafka's count of queued ops: the 10 records, and ops of fetches a new
+            # fetch position outdated (dropped when the queue is served next)
+            await until(lambda: io.length() >= 10, "10 records queued in librdkafka")
 
             async def step() -> list[int]:
                 if mode == "consume":
@@ -424,20 +426,61 @@ def test_a_short_queue_is_left_to_fill_and_cancelling_that_wait_takes_nothing(
                 return [(await c.__anext__()).offset()]  # type: ignore[list-item]
 
             before = c.position([tp])[0].offset
+            queued = io.length()
+            monkeypatch.setattr(aio_module, "_LINGER_S", 60.0)
+            monkeypatch.setattr(aio_module, "_CONSUME_LINGER_S", 60.0)
             task = asyncio.create_task(step())
             await until(lambda: c._linger_until > 0, "the wait for a fuller queue")
             task.cancel()
             await asyncio.wait([task])
             assert task.cancelled()
-            assert io.length() == 10, "the cancelled call took records"
+            assert io.length() == queued, "the cancelled call took records"
             assert not c._sync._fetcher.buffered
             assert c.position([tp])[0].offset == before, "a position moved"
             monkeypatch.setattr(aio_module, "_LINGER_S", 0.001)
+            monkeypatch.setattr(aio_module, "_CONSUME_LINGER_S", 0.001)
             c._linger_until = 0.0
             got: list[int] = []
             while len(got) < 10:
                 got += await step()
             assert got == list(range(10))
+
+    run(main(), timeout=60)
+
+
+def test_consume_ends_its_wait_for_a_fuller_queue_once_the_batch_is_there(
+    embedded_kafka: EmbeddedKafka, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No IO event comes while records wait in librdkafka's queue, so ``consume(n)``'s wait
+    for a fuller queue looks at its length again along the way: once ``n`` records are
+    there it returns them, long before the wait's end (here a minute)."""
+    from consumer_sdk.runtime import aio as aio_module
+
+    topic, group = "aio-linger-fill", "aio-linger-fill-g"
+    embedded_kafka.create_topic(topic, partitions=1)
+
+    async def main() -> None:
+        async with AIOConsumer(config(embedded_kafka, group, enable_auto_commit=False)) as c:
+            await c.subscribe([topic])
+            deadline = time.monotonic() + 30
+            while not c.assignment():  # reconciliation runs inside the calls
+                assert time.monotonic() < deadline, "no assignment"
+                assert await c.consume(10, 0.1) == []
+            await asyncio.to_thread(embedded_kafka.produce, topic, [b"x"] * 10)
+            io = c._io
+            assert io is not None
+            await until(lambda: io.length() >= 10, "10 records queued in librdkafka")
+            monkeypatch.setattr(aio_module, "_CONSUME_LINGER_S", 60.0)
+            task = asyncio.create_task(c.consume(20, 50.0))
+            await until(lambda: c._linger_until > 0, "the wait for a fuller queue")
+            await asyncio.to_thread(embedded_kafka.produce, topic, [b"x"] * 10)
+            async with asyncio.timeout(20):
+                got = [m.offset() for m in await task]
+            assert got, "the wait ended with nothing"
+            monkeypatch.setattr(aio_module, "_CONSUME_LINGER_S", 0.001)
+            while len(got) < 20:
+                got += [m.offset() for m in await c.consume(20, 10.0)]
+            assert got == list(range(20))
 
     run(main(), timeout=60)
 
