@@ -503,8 +503,9 @@ class AIOGroupMember:
         """As `GroupMember.poll`: run pending callbacks within ``timeout`` seconds (None
         waits until one ran); always returns None."""
         s = self._sync
-        s._ensure_usable()
         net = s._net
+        if s._closed or s._fatal is not None or net.failure is not None:
+            s._ensure_usable()
         net.note_poll()
         deadline = _monotonic() + _wait_seconds(timeout)
         first = True
