@@ -580,7 +580,7 @@ def render(result: dict[str, Any]) -> list[str]:
             "loop's share 2.1 % against 2.7-3.2 % with a timer per member, interleaved in "
             "one sitting (1,000 bare asyncio tasks sleeping 1 s each: 4.4-6.3 % here). A "
             "stable member's `poll(1.0)` notes the poll once and returns when its one wait's "
-            "timer ends (47 -> 42 Python calls per member per second; the loop's share, "
+            "timer ends (47 -> 40 Python calls per member per second; the loop's share, "
             "median of nine 4 s windows interleaved with the code before: 2.27 -> 2.01 %). "
             "What is left on the loop is asyncio's own per task wake-up (a future, a "
             "handle, a task step) and the member's poll note; on the network loop thread, "
