@@ -39,6 +39,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
+from concurrent.futures import wait as wait_futures
 from typing import Any
 
 from confluent_kafka import KafkaException, TopicPartition
@@ -196,10 +197,18 @@ class GroupReader:
         self._closed = False
         self._joined = False
         self._watcher: threading.Thread | None = None
-        self._stop_watch = threading.Event()
+        self._stop_watch = threading.Event()  # set by close: also ends a startup check
+        self._building: Future[SourceMember] | None = None  # started, not yet handed over
+        self._checking: Future[set[Partition]] | None = None
         self._event_log = options.event_log
         self.events: list[dict[str, Any]] = []
-        self._event("start", [], pid=os.getpid(), description=options.description)
+        self._event(
+            "start",
+            [],
+            pid=os.getpid(),
+            cpu=round(time.process_time(), 3),
+            description=options.description,
+        )
 
     # -- membership -------------------------------------------------------------------------
 
@@ -217,15 +226,12 @@ class GroupReader:
         if self._member is None:
             member: SourceMember
             if self.options.membership:
-                # The member is created and joins on its own thread while this one checks
-                # the broker and topics: its rebalance callbacks still run only in this
-                # thread's polls, after the check (they read its result, ``_scope``).
-                building: Future[SourceMember] = Future()
-                threading.Thread(
-                    target=self._build_member, args=(building,), name="kip848-join", daemon=True
-                ).start()
+                self.start()
+                building, checking = self._building, self._checking
+                assert building is not None and checking is not None
+                self._building = self._checking = None  # handed over: closed here on failure
                 try:
-                    existing = self._await_startup()
+                    existing = checking.result()
                 except BaseException:
                     building.add_done_callback(_close_built)
                     raise
@@ -262,8 +268,45 @@ class GroupReader:
                 ms,
                 _names(self._owned),
             )
-            self._event("stable", sorted(self._owned), ms=ms, epoch=self._member.member_epoch)
+            self._event(
+                "stable",
+                sorted(self._owned),
+                ms=ms,
+                epoch=self._member.member_epoch,
+                cpu=round(time.process_time(), 3),
+            )
         return self._member
+
+    def start(self) -> None:
+        """Start joining now, before the first call that needs the member: the member is
+        created and subscribes on one thread (``kip848-join``) while another checks the
+        broker and topics (``kip848-check``). Its rebalance callbacks still run only in
+        Spark's thread's polls, after the check (they read its result, ``_scope``)."""
+        with self._lock:
+            if (
+                not self.options.membership
+                or self._closed
+                or self._member is not None
+                or self._building is not None
+            ):
+                return
+            self._building = Future()
+            self._checking = Future()
+            threading.Thread(
+                target=self._build_member, args=(self._building,), name="kip848-join", daemon=True
+            ).start()
+            threading.Thread(
+                target=self._check, args=(self._checking,), name="kip848-check", daemon=True
+            ).start()
+
+    def _check(self, result: Future[set[Partition]]) -> None:
+        """On the ``kip848-check`` thread: `_await_startup`."""
+        try:
+            existing = self._await_startup()
+        except BaseException as exc:
+            result.set_exception(exc)
+        else:
+            result.set_result(existing)
 
     def _subscribe(self, member: SourceMember) -> None:
         member.subscribe(
@@ -293,6 +336,8 @@ class GroupReader:
         wait_ms = o.join_timeout_ms
         deadline = time.monotonic() + wait_ms / 1000
         while True:
+            if self._stop_watch.is_set():
+                raise SourceStartupError("kip848: the source was stopped while starting")
             remaining = max(deadline - time.monotonic(), 0.0)
             try:
                 md = self._lookups.client().list_topics(timeout=max(min(remaining, 5.0), 0.5))
@@ -303,7 +348,7 @@ class GroupReader:
                         f"{o.bootstrap_servers} within {wait_ms} ms (joinTimeoutMs): "
                         f"{exc.args[0].str()}"
                     ) from None
-                time.sleep(min(0.5, remaining))
+                self._stop_watch.wait(min(0.5, remaining))
                 continue
             topics = {
                 name: sorted(t.partitions)
@@ -324,7 +369,7 @@ class GroupReader:
                     f"{wait_ms} ms, joinTimeoutMs): create them, or fix the "
                     f"{'assign' if o.assign else 'subscribe'} option"
                 )
-            time.sleep(min(0.5, remaining))
+            self._stop_watch.wait(min(0.5, remaining))
 
     def _wait_stable(self, member: SourceMember) -> None:
         """Poll until the member has reconciled its first assignment (bounded).
@@ -378,13 +423,28 @@ class GroupReader:
         parts = partitions_of(tps)
         if not parts:
             return
-        committed = committed_offsets(member, parts)
+        began = time.monotonic()
+        # One watermark lookup for both the starts and the AvailableNow bound, sent while the
+        # committed offsets are fetched when it may be needed (an unknown partition may
+        # have no committed offset).
+        lookup: Future[Watermarks] | None = None
+        if self._available_now is not None or any(p not in self._hints for p in parts):
+            lookup = Future()
+            threading.Thread(
+                target=self._watermarks_into, args=(parts, lookup), name="kip848-marks"
+            ).start()
+        try:
+            committed = committed_offsets(member, parts)
+        finally:
+            if lookup is not None:
+                wait_futures([lookup])  # none outlives this call, even if the fetch failed
+        fetched = time.monotonic()
         fresh = [p for p in parts if p not in committed and p not in self._hints]
-        # One lookup for both the starts and the AvailableNow bound.
-        marks = (
-            self._lookups.watermarks(parts) if fresh or self._available_now is not None else None
-        )
+        marks = None
+        if fresh or self._available_now is not None:
+            marks = lookup.result() if lookup is not None else self._lookups.watermarks(parts)
         starting = self._fresh_starts(fresh, marks)
+        looked = time.monotonic()
         for p in parts:
             known = [o for o in (committed.get(p), self._hints.get(p)) if o is not None]
             if known:
@@ -403,7 +463,16 @@ class GroupReader:
             parts,
             starts={f"{t}:{p}": self._pending[(t, p)] for t, p in parts},
             epoch=member.member_epoch,
+            committed_ms=round((fetched - began) * 1000, 1),
+            offsets_ms=round((looked - fetched) * 1000, 1),
         )
+
+    def _watermarks_into(self, parts: list[Partition], result: Future[Watermarks]) -> None:
+        """On a ``kip848-marks`` thread: the partitions' watermarks into ``result``."""
+        try:
+            result.set_result(self._lookups.watermarks(parts))
+        except BaseException as exc:
+            result.set_exception(exc)
 
     def _on_revoke(self, member: SourceMember, tps: list[TopicPartition]) -> None:
         parts = partitions_of(tps)
@@ -666,6 +735,16 @@ class GroupReader:
             self._warn_unknown_end()
             self._closed = True
             member, self._member = self._member, None
+            building, self._building = self._building, None
+            checking, self._checking = self._checking, None
+            if checking is not None:  # started before Spark's first call, never used
+                with contextlib.suppress(Exception):
+                    wait_futures([checking], timeout=timeout)
+            if building is not None:
+                try:
+                    member = building.result(timeout=timeout)
+                except Exception as exc:
+                    log.info("kip848: the group member was not created: %s", exc)
             if member is not None:
                 with contextlib.suppress(KafkaException):
                     self._commit_durable(member, serve=False)

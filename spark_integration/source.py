@@ -121,11 +121,11 @@ class Kip848StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  
         self.reader_id = uuid.uuid4().hex
         if options.membership and _in_stream_reader_process():
             # Spark constructs this reader some calls before the first that needs the group
-            # member: start importing consumer_sdk now (the planner's and executors' copies
-            # import nothing).
-            from spark_integration.driver import start_member_import
+            # member: the member starts joining now (the planner's and executors' copies
+            # create nothing).
+            from spark_integration.lifecycle import reader_for
 
-            start_member_import()
+            reader_for(self.reader_id, options).start()
 
     def _driver(self) -> GroupReader:
         from spark_integration.lifecycle import reader_for  # not on executors: no consumer_sdk
@@ -178,6 +178,18 @@ class Kip848StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  
         from spark_integration.lifecycle import close_reader
 
         close_reader(self.reader_id)
+
+
+def _start_member_import() -> None:
+    from spark_integration.driver import start_member_import
+
+    start_member_import()
+
+
+if _in_stream_reader_process():
+    # Spark's stream-reader process imports this module when it unpickles the source, some
+    # calls before it constructs the reader: start importing consumer_sdk now.
+    _start_member_import()
 
 
 class Kip848BatchReader(DataSourceReader):  # type: ignore[misc,unused-ignore]

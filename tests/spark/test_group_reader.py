@@ -115,14 +115,21 @@ def test_batches_commit_what_is_durable_and_are_rate_limited(embedded_kafka: Emb
     assert kinds[0] == "start" and "revoke" in kinds and kinds[-1] == "close"
 
 
-def test_initial_offset_waits_for_the_reconciled_assignment(embedded_kafka: EmbeddedKafka) -> None:
+@pytest.mark.parametrize("early", [False, True], ids=["joins-at-first-call", "started-early"])
+def test_initial_offset_waits_for_the_reconciled_assignment(
+    embedded_kafka: EmbeddedKafka, early: bool
+) -> None:
     """initialOffset returns once the member is STABLE with its whole assignment (not while
-    it is still acknowledging it), and the event log says when."""
-    topic, group = "gr-join", "gr-join-g"
+    it is still acknowledging it), and the event log says when; also when the join was
+    started before (as the stream reader does when Spark constructs it)."""
+    topic, group = f"gr-join-{early}", f"gr-join-{early}-g"
     embedded_kafka.create_topic(topic, partitions=PARTS)
     produce(embedded_kafka, topic, PARTS, 5, "a")
     reader = GroupReader(options(embedded_kafka, group, topic))
     try:
+        if early:
+            reader.start()
+            reader.start()  # idempotent
         start = SourceOffset.from_json(reader.initial_offset())
         member = reader.member
         assert member.state.name == "STABLE" and member.member_epoch > 0
@@ -138,6 +145,27 @@ def test_initial_offset_waits_for_the_reconciled_assignment(embedded_kafka: Embe
         assert sorted(query.sink) == sorted(all_records(embedded_kafka, topic, PARTS))
     finally:
         reader.close()
+
+
+def test_a_reader_started_but_never_called_leaves_on_close(embedded_kafka: EmbeddedKafka) -> None:
+    """Stopped before Spark's first call: the member started early still leaves the group,
+    and the next member gets every partition at once."""
+    topic, group = "gr-early-stop", "gr-early-stop-g"
+    embedded_kafka.create_topic(topic, partitions=PARTS)
+    produce(embedded_kafka, topic, PARTS, 5, "a")
+    reader = GroupReader(options(embedded_kafka, group, topic))
+    reader.start()
+    reader.close()
+    assert [e["kind"] for e in reader.events][-2:] == ["left", "close"]
+    assert reader.member is None
+    with pytest.raises(RuntimeError, match="closed"):
+        reader.initial_offset()
+    successor = GroupReader(options(embedded_kafka, group, topic))
+    try:
+        start = SourceOffset.from_json(successor.initial_offset())
+        assert set(start.positions) == {(topic, p) for p in range(PARTS)}
+    finally:
+        successor.close()
 
 
 def test_revocation_between_batches_hands_off_exactly(embedded_kafka: EmbeddedKafka) -> None:
