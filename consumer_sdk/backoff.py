@@ -25,6 +25,14 @@ class Backoff:
         self._rng = rng
         ratio = max_ms / base_ms if base_ms > 0 else 1.0
         self._exp_max = math.log(ratio, 2) if ratio > 1.0 else 0.0
+        #: ``backoff_ms(0)`` is ``min(max, int(base * (low + span * rng.random())))`` with
+        #: these (``span`` 0.0: no jitter, no draw; both None: no backoff growth, ``base``):
+        #: for a caller that inlines it (the heartbeat's, once per answer).
+        self.low: float | None = None
+        self.span = 0.0
+        if self._exp_max != 0.0:
+            self.low = 1.0 - jitter if jitter > 0.0 else 1.0
+            self.span = ((1.0 + jitter) - (1.0 - jitter)) if jitter > 0.0 else 0.0
 
     def backoff_ms(self, attempts: int) -> int:
         """Backoff after ``attempts`` previous failures (0 -> about ``base``)."""

@@ -77,10 +77,11 @@ class GroupMembership:
         self._heartbeat = HeartbeatRequestManager(self._manager, self.metrics, self._rng)
         #: A STABLE member's per-heartbeat fast paths, `poll` and `on_heartbeat_response`
         #: for the case where nothing changes (None: take those); see
-        #: `HeartbeatRequestManager.stable_beat` and `quiet_answer`. Bound here: no extra
-        #: call per heartbeat.
+        #: `HeartbeatRequestManager.stable_beat` and `quiet_answer`; and `stable_poll`, a STABLE
+        #: member's `Poll` handled without the event. Bound here: no extra call per heartbeat.
         self.stable_beat = self._heartbeat.stable_beat
         self.quiet_answer = self._heartbeat.quiet_answer
+        self.stable_poll = self._heartbeat.stable_poll
 
     # ------------------------------------------------------------------------------------------
     # Views

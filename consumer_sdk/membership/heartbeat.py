@@ -296,6 +296,18 @@ class HeartbeatRequestManager:
             )
         self._poll_deadline_ms = now_ms + self._cfg.rebalance_timeout_ms
 
+    def stable_poll(self, now_ms: int) -> bool:
+        """The application polled at ``now_ms`` while the member is STABLE: what
+        ``handle(Poll(now_ms))`` does then (restart the poll timer), without the event. False
+        (and nothing done) in any other state, or once closed or fatal: the caller then
+        submits the `Poll` event."""
+        m = self._m
+        if self._sm.state is not S.STABLE or m._closed or m._fatal is not None:
+            return False
+        m._now = now_ms  # `m.handle_poll`: nothing else for a STABLE member
+        self.reset_poll_timer(now_ms)
+        return True
+
     def poll_timer_expired(self, now_ms: int) -> bool:
         return self._poll_deadline_ms is not None and now_ms >= self._poll_deadline_ms
 
@@ -382,7 +394,15 @@ class HeartbeatRequestManager:
         self._in_flight.append(_in_flight((plain, _Kind.REGULAR, now_ms, m._generation)))
         self._regular_count = 1
         timing._timer_deadline_ms = now_ms + timing.interval_ms
-        self._metrics.record_heartbeat_sent(now_ms)
+        # `self._metrics.record_heartbeat_sent(now_ms)`, inline
+        metrics = self._metrics
+        window = metrics._heartbeats
+        samples = window._samples
+        samples.append((now_ms, 1.0))
+        if samples[0][0] <= now_ms - window._window_ms:
+            window._expire(now_ms)
+        metrics._heartbeat_total += 1
+        metrics._last_heartbeat_ms = now_ms
         if LOGGER.isEnabledFor(logging.DEBUG):
             m.log.debug("Sending %s heartbeat %s", _Kind.REGULAR.value, plain)
         m._now = now_ms
@@ -430,11 +450,27 @@ class HeartbeatRequestManager:
             return None
         del in_flight[0]
         self._regular_count -= 1
-        self._metrics.record_heartbeat_response_time(now_ms, now_ms - record.sent_ms)
-        # `timing.on_success(now_ms)`, inline (the backoff's jitter is drawn as there)
+        # `self._metrics.record_heartbeat_response_time(now_ms, now_ms - record.sent_ms)`
+        metrics = self._metrics
+        window = metrics._heartbeat_response_time
+        samples = window._samples
+        samples.append((now_ms, float(now_ms - record.sent_ms)))
+        if samples[0][0] <= now_ms - window._window_ms:
+            window._expire(now_ms)
+        metrics._last_heartbeat_response_ms = now_ms
+        # `timing.on_success(now_ms)`, inline (the backoff's jitter is drawn as there, with
+        # `Backoff.backoff_ms(0)`'s arithmetic: see `Backoff.low`)
         timing._last_received_ms = now_ms
         timing._attempts = 0
-        timing._backoff_ms = timing._backoff.backoff_ms(0)
+        backoff = timing._backoff
+        low = backoff.low
+        if low is None:
+            timing._backoff_ms = backoff._base
+        elif backoff.span:
+            factor = low + backoff.span * backoff._rng.random()
+            timing._backoff_ms = min(backoff._max, int(backoff._base * factor))
+        else:
+            timing._backoff_ms = min(backoff._max, backoff._base)
         timing._last_failed = timing._first_immediate = False
         self._unreleased_since_ms = None
         sent_ms = record.sent_ms

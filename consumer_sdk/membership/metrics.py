@@ -114,7 +114,10 @@ class MembershipMetrics:
 
     # -- heartbeat ---------------------------------------------------------------------------
 
-    # The two below run once per heartbeat each: `_Windowed.record` inline.
+    # The two below run once per heartbeat each: `_Windowed.record` inline. A STABLE
+    # member's fast paths (`HeartbeatRequestManager.stable_beat`, `quiet_answer`) do what
+    # they do inline: change one, change those too (tests/membership/test_fast_path.py
+    # compares the metrics of both paths).
 
     def record_heartbeat_sent(self, now_ms: int) -> None:
         window = self._heartbeats

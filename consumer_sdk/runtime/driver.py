@@ -391,6 +391,14 @@ class MemberDriver:
         self._quiet_run = False
         self.core.app_events.append(event)  # `core.submit`
 
+    def note_poll(self, now_ms: int) -> None:
+        """The application polled at ``now_ms``: as ``submit(Poll(now_ms))``, but a STABLE
+        member with no other event queued restarts its poll timer at once, without the event
+        (`GroupMembership.stable_poll`)."""
+        core = self.core
+        if core.app_events or not core.stable_poll(now_ms):
+            self.submit(Poll(now_ms))
+
     def commit(
         self,
         now_ms: int,

@@ -30,7 +30,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, Concatenate, ParamSpec, TypeVar
+from typing import Any, TypeVar
 
 from confluent_kafka import KafkaError
 
@@ -82,7 +82,6 @@ Partition = tuple[str, int]
 # A stable member's poll events only reset the poll timer; see MemberNetwork.note_poll.
 _REBALANCE_POLL_GAP_S = 0.002
 
-_P = ParamSpec("_P")
 _T = TypeVar("_T")
 CommitHook = Callable[[CommitResult, Mapping[Partition, OffsetLike]], None]
 Committable = Callable[[], tuple[Mapping[Partition, OffsetLike], frozenset[Partition] | None]]
@@ -97,31 +96,6 @@ check_threads = os.environ.get("CONSUMER_SDK_CHECK_THREADS", "") == "1"
 
 def _now_ms() -> int:
     return int(time.monotonic() * 1000)
-
-
-def _member_work(
-    method: Callable[Concatenate[MemberNetwork, _P], None],
-) -> Callable[Concatenate[MemberNetwork, _P], None]:
-    """A loop-thread entry point of one member: routed to its logger, and an exception fails
-    this member only (the loop goes on serving the others)."""
-
-    def run(self: MemberNetwork, /, *args: _P.args, **kwargs: _P.kwargs) -> None:
-        if check_threads and not self._loop.in_loop_thread:
-            raise AssertionError(f"{method.__name__} runs on the network loop thread only")
-        if self.failure is not None:
-            return
-        try:
-            if self._logger is None:
-                method(self, *args, **kwargs)
-            else:
-                with routed_logs(self._logger):
-                    method(self, *args, **kwargs)
-        except Exception as exc:
-            self._fail(exc)
-
-    run.__name__ = method.__name__
-    run.__doc__ = method.__doc__
-    return run
 
 
 def commit_result(completion: Completion[CommitResult], kind: CommitKind) -> CommitResult:
@@ -234,11 +208,16 @@ class MemberNetwork:
         self._timer_due = 0.0
         self._wake_queued = False
         self._last_poll_event = 0.0
+        #: When (``time.monotonic()`` ms) a stable member's application last polled, as noted
+        #: by `note_poll` (written by the application side, read by the loop's runs).
+        self.polled_ms = 0
+        self._polled_taken = 0  # the latest poll time the driver has (loop side)
         #: Until when (``time.monotonic()``) `note_poll` would do nothing: a stable member's
         #: application may skip the call before then (0.0 while not STABLE).
         self.poll_note_due = 0.0
         self._stable_poll_gap = min(1.0, c.max_poll_interval_ms / 4000)
         self._stopped = False
+        self._routing = False  # inside `_routed` (loop side)
         self._snapshot: MemberSnapshot = self._driver.snapshot(0)
         self.wake()
 
@@ -292,9 +271,10 @@ class MemberNetwork:
         self._post(event)
 
     def note_poll(self) -> None:
-        """The application polled: post a `Poll` event. A stable member only needs its
-        poll timer reset, so it posts rarely and does not wake the loop; during a rebalance
-        every poll counts (it lets revocations run)."""
+        """The application polled: tell the loop. A stable member only needs its poll timer
+        reset, so it notes the time rarely, in `polled_ms` (no event, no wake-up: the loop's
+        next run of the member takes it in); during a rebalance every poll counts (it lets
+        revocations run) and posts a `Poll` event."""
         now = time.monotonic()
         gap = now - self._last_poll_event
         if gap < _REBALANCE_POLL_GAP_S:
@@ -302,10 +282,7 @@ class MemberNetwork:
         if self._snapshot.state is MemberState.STABLE:
             if gap >= self._stable_poll_gap:
                 self._last_poll_event = now
-                event = Poll(int(now * 1000))
-                with self._post_lock:  # `_post(event, wake=False)`, inline
-                    self._inbox.append(event)
-                    self._submitted += 1
+                self.polled_ms = int(now * 1000)
             self.poll_note_due = self._last_poll_event + self._stable_poll_gap
             # The loop clears it when it publishes another state: if it did so before the
             # line above, clear it here (else the next polls of a rebalance would not count).
@@ -596,38 +573,73 @@ class MemberNetwork:
         self._reaper.fail_all(self.failure)
         self.notify()
 
-    @_member_work
+    # The member's loop-thread entry points, `_run` and `_on_outcome`, are its error
+    # boundary: an exception fails this member only (`_fail`; the loop goes on serving the
+    # others), and its log records go to its logger. Written out in each (one call less per
+    # heartbeat than a decorator); `_routed` runs an entry again inside the log routing.
+
+    def _routed(self, entry: Callable[..., None], *args: Any) -> None:
+        self._routing = True
+        try:
+            with routed_logs(self._logger):
+                entry(*args)
+        finally:
+            self._routing = False
+
+    def _wrong_thread(self, entry: str) -> bool:
+        if self._loop.in_loop_thread:
+            return False
+        raise AssertionError(f"{entry} runs on the network loop thread only")
+
     def _run(self) -> None:
-        self._wake_queued = False
-        if self._stopped:
+        """A run of the member's driver: its queued events in, due requests out, the snapshot
+        published and the next run scheduled (loop thread)."""
+        if check_threads and self._wrong_thread("_run"):
             return
-        now = int(time.monotonic() * 1000)  # `_now_ms()`
-        driver = self._driver
-        inbox = self._inbox
-        while inbox:  # `_take_inbox`, inline (a stable member's Poll: once a second)
-            item = inbox.popleft()
-            self._taken += 1
-            if callable(item):
-                item(driver, now)
-            else:
-                driver.submit(item)
-        wait_ms = driver.run(now)
-        if self._commit_waiters or self._fetch_waiters:
-            reaper = self._reaper
-            reaper.reap(now / 1000)
-            deadline = reaper.next_deadline()
-            if deadline is not None:
-                wait_ms = min(wait_ms, max(int((deadline - now / 1000) * 1000) + 1, 0))
-        self._publish()
-        # `_schedule_at(time.monotonic() + wait)`, inline (once per heartbeat)
-        due = time.monotonic() + (wait_ms if wait_ms > 0 else 0) / 1000
-        timer = self._timer
-        if timer is not None and not timer.cancelled:
-            if -0.001 < self._timer_due - due < 0.001:
+        if self.failure is not None:
+            return
+        if self._logger is not None and not self._routing:
+            self._routed(self._run)
+            return
+        try:
+            self._wake_queued = False
+            if self._stopped:
                 return
-            timer.cancelled = True  # (a fired one too: no call)
-        self._timer_due = due
-        self._timer = self._loop.call_at(due, self._run)
+            now = int(time.monotonic() * 1000)  # `_now_ms()`
+            driver = self._driver
+            inbox = self._inbox
+            while inbox:  # `_take_inbox`, inline
+                item = inbox.popleft()
+                self._taken += 1
+                if callable(item):
+                    item(driver, now)
+                else:
+                    if type(item) is Poll and item.now_ms > self._polled_taken:
+                        self._polled_taken = item.now_ms
+                    driver.submit(item)
+            polled = self.polled_ms  # a stable member's poll (about once a second): after
+            if polled > self._polled_taken:  # the events queued before it, never older
+                self._polled_taken = polled
+                driver.note_poll(polled)
+            wait_ms = driver.run(now)
+            if self._commit_waiters or self._fetch_waiters:
+                reaper = self._reaper
+                reaper.reap(now / 1000)
+                deadline = reaper.next_deadline()
+                if deadline is not None:
+                    wait_ms = min(wait_ms, max(int((deadline - now / 1000) * 1000) + 1, 0))
+            self._publish()
+            # `_schedule_at(time.monotonic() + wait)`, inline (once per heartbeat)
+            due = time.monotonic() + (wait_ms if wait_ms > 0 else 0) / 1000
+            timer = self._timer
+            if timer is not None and not timer.cancelled:
+                if -0.001 < self._timer_due - due < 0.001:
+                    return
+                timer.cancelled = True  # (a fired one too: no call)
+            self._timer_due = due
+            self._timer = self._loop.call_at(due, self._run)
+        except Exception as exc:
+            self._fail(exc)
 
     def _schedule_at(self, due: float) -> None:
         timer = self._timer
@@ -688,36 +700,47 @@ class MemberNetwork:
                 self._on_group_error(unreachable_error(item.code, item.message, item.transport))
         return notify
 
-    @_member_work
     def _on_outcome(self, request: Outbound, response: Any, error: KafkaException | None) -> None:
-        """A request's response or failure (the transport's ``deliver``)."""
-        now = int(time.monotonic() * 1000)  # `_now_ms()`
-        driver = self._driver
-        if error is None:
-            wait_ms = driver.on_response(now, request, response)
-        else:
-            wait_ms = driver.on_failure(now, request, failure_of(error))
-        if self._stopped:
-            self._publish()
+        """A request's response or failure (the transport's ``deliver``; loop thread)."""
+        if check_threads and self._wrong_thread("_on_outcome"):
             return
-        timer = self._timer
-        if (
-            wait_ms > 0
-            and not self._inbox
-            and not self._wake_queued
-            and timer is not None
-            and not timer.cancelled
-        ):
-            # A quiet heartbeat answer (once per heartbeat): run again when the heartbeat is
-            # next due, if that is earlier than the scheduled run. A full run would send
-            # nothing now (``wait_ms > 0``) and would wait ``min(wait_ms, the other managers'
-            # waits)``; those are deadlines the scheduled run already honours, as it was
-            # computed from them, so keeping it when it is earlier never runs later than a
-            # full run would. It is nearly always the heartbeat's own, set when it was sent:
-            # kept unless over a millisecond late (the two differ by the clock's ms rounding).
-            due = time.monotonic() + wait_ms / 1000
-            if due < self._timer_due - 0.001:
-                self._schedule_at(due)
-            self._publish()
+        if self.failure is not None:
+            return
+        if self._logger is not None and not self._routing:
+            self._routed(self._on_outcome, request, response, error)
+            return
+        try:
+            now = int(time.monotonic() * 1000)  # `_now_ms()`
+            driver = self._driver
+            if error is None:
+                wait_ms = driver.on_response(now, request, response)
+            else:
+                wait_ms = driver.on_failure(now, request, failure_of(error))
+            if self._stopped:
+                self._publish()
+                return
+            timer = self._timer
+            if (
+                wait_ms > 0
+                and not self._inbox
+                and not self._wake_queued
+                and timer is not None
+                and not timer.cancelled
+            ):
+                # A quiet heartbeat answer (once per heartbeat): run again when the heartbeat
+                # is next due, if that is earlier than the scheduled run. A full run would
+                # send nothing now (``wait_ms > 0``) and would wait ``min(wait_ms, the other
+                # managers' waits)``; those are deadlines the scheduled run already honours,
+                # as it was computed from them, so keeping it when it is earlier never runs
+                # later than a full run would. It is nearly always the heartbeat's own, set
+                # when it was sent: kept unless over a millisecond late (the two differ by
+                # the clock's ms rounding).
+                due = time.monotonic() + wait_ms / 1000
+                if due < self._timer_due - 0.001:
+                    self._schedule_at(due)
+                self._publish()
+                return
+        except Exception as exc:
+            self._fail(exc)
             return
         self._run()

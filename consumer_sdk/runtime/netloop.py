@@ -397,15 +397,23 @@ class NetworkLoop:
             if mask & selectors.EVENT_WRITE:
                 conn.flush()
             self._update_interest(conn)
-        while self._calls:
-            callback = self._calls.popleft()
-            self._safely(callback)
+        # (`_safely`, inline: once per callback and timer)
+        calls = self._calls
+        while calls:
+            callback = calls.popleft()
+            try:
+                callback()
+            except Exception:
+                log.exception("network loop callback failed")
         now = time.monotonic()
         timers = self._timers
         while timers and timers[0][0] <= now:
             _, _, timer = heapq.heappop(timers)
             if not timer.cancelled:
-                self._safely(timer.callback)
+                try:
+                    timer.callback()
+                except Exception:
+                    log.exception("network loop callback failed")
         # Requests queued by callbacks and timers go out in one write per connection.
         while self._dirty:
             self._update_interest(self._dirty.pop())

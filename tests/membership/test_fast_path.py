@@ -1,7 +1,8 @@
-"""The core's per-heartbeat fast paths (`GroupMembership.stable_beat`, `quiet_answer`) against
-its full `poll` and `on_heartbeat_response`: at every step of a script a copy of the core takes
-the full path; where the fast path answers, both must agree on the request, the wait and every
-field they touched; where it declines it must have done nothing (the full path then runs)."""
+"""The core's per-heartbeat fast paths (`GroupMembership.stable_beat`, `quiet_answer`,
+`stable_poll`) against its full `poll`, `on_heartbeat_response` and `handle(Poll)`: at every
+step of a script a copy of the core takes the full path; where the fast path answers, both
+must agree on the request, the wait and every field they touched; where it declines it must
+have done nothing (the full path then runs)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 
 from consumer_sdk.domain import HeartbeatRequest, HeartbeatResponse
 from consumer_sdk.error_codes import ErrorCode
-from consumer_sdk.membership import GroupMembership, MemberState
+from consumer_sdk.membership import GroupMembership, MemberState, Poll
 
 from .harness import INTERVAL, T1, T2, Driver, cfg, err, ok
 
@@ -50,6 +51,8 @@ class Checked(Driver):
     """A harness driver whose heartbeats and answers try the fast paths first."""
 
     fast = 0
+    fast_polls = 0
+    declined_polls = 0
 
     def hb(self) -> HeartbeatRequest | None:
         core, now = self.core, self.now
@@ -64,6 +67,19 @@ class Checked(Driver):
         assert beat == (full.request, full.next_poll_ms)
         assert _fields(core, now) == _fields(twin, now)
         return beat[0]
+
+    def app_poll(self) -> None:
+        core, now = self.core, self.now
+        before = _fields(core, now)
+        twin = _twin(core)
+        twin.handle(Poll(now), now)
+        if not core.stable_poll(now):
+            assert _fields(core, now) == before  # declined: nothing done
+            self.declined_polls += 1
+            core.handle(Poll(now), now)
+            return
+        self.fast_polls += 1
+        assert _fields(core, now) == _fields(twin, now)
 
     def respond(self, response: HeartbeatResponse, request: HeartbeatRequest | None = None) -> None:
         core, now = self.core, self.now
@@ -115,3 +131,6 @@ def test_the_fast_paths_agree_with_the_full_ones() -> None:
     checked.hb()  # the poll timer expired: the full path leaves the group
     assert checked.state is not MemberState.STABLE
     assert checked.fast >= 15
+    assert checked.fast_polls >= 10 and checked.declined_polls >= 1
+    checked.app_poll()  # STALE now: declined (the full path handles it)
+    assert checked.state is not MemberState.STABLE

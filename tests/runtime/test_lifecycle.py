@@ -579,6 +579,34 @@ def test_poll_returns_poll_interval_exceeded_as_an_event(kafka: EmbeddedKafka) -
         c.close()
 
 
+def test_a_stable_members_polls_reach_the_loop_as_a_time_not_as_events(
+    kafka: EmbeddedKafka,
+) -> None:
+    """A STABLE member's polls restart its poll timer through `MemberNetwork.polled_ms`, read
+    by the loop's next run, without a `Poll` event: the core's poll deadline is always the
+    last poll the loop took in plus max.poll.interval.ms, and a member that keeps polling
+    stays in the group well past that interval (the expiry itself: the test above)."""
+    kafka.create_topic("polled", partitions=1)
+    c = Consumer(_conf(kafka, "polled", **{"max.poll.interval.ms": 1000}))
+    net = c._net
+    try:
+        c.subscribe(["polled"])
+        _poll_until(c, lambda: c.state is MemberState.STABLE, "stable")
+        epoch, submitted = c.member_epoch, net._submitted
+        end = time.monotonic() + 3.0
+        while time.monotonic() < end:
+            c.poll(0.05)
+            taken, deadline = net.call(
+                lambda d: (net._polled_taken, d.core._heartbeat._poll_deadline_ms)
+            )
+            assert deadline == taken + 1000
+        assert taken >= net.polled_ms - 1000 and taken > 0
+        assert c.state is MemberState.STABLE and c.member_epoch == epoch
+        assert net._submitted == submitted  # no event posted, no wake-up
+    finally:
+        c.close()
+
+
 def test_error_cb_gets_unreachable_coordinator() -> None:
     errors: list[KafkaError] = []
     c = Consumer(
