@@ -305,7 +305,11 @@ class HeartbeatRequestManager:
         if self._sm.state is not S.STABLE or m._closed or m._fatal is not None:
             return False
         m._now = now_ms  # `m.handle_poll`: nothing else for a STABLE member
-        self.reset_poll_timer(now_ms)
+        deadline = self._poll_deadline_ms
+        if deadline is not None and now_ms >= deadline:
+            self.reset_poll_timer(now_ms)  # (it warns)
+        else:  # `reset_poll_timer`, inline
+            self._poll_deadline_ms = now_ms + self._cfg.rebalance_timeout_ms
         return True
 
     def poll_timer_expired(self, now_ms: int) -> bool:

@@ -347,8 +347,8 @@ class MemberDriver:
             # tuple.__new__: the NamedTuple's own constructor adds a call (twice per beat)
             return tuple.__new__(
                 MemberSnapshot,
-                (
-                    *prev[:7],
+                prev[:7]  # noqa: RUF005 (measured: faster than unpacking the slice)
+                + (
                     self.heartbeat_in_flight,
                     self.heartbeat_due_ms,
                     len(self.commits.queue),  # `commits.pending`
