@@ -305,6 +305,8 @@ class MemberDriver:
         # When (host ms) each manager is next due, in `_managers` order, and whether the next
         # run polls them all (something was fed in since the last run; see `run`).
         self._due = [0, 0, 0, 0, 0]
+        # The earliest of the other managers' (all but the heartbeat's), set with them.
+        self._others_due = 0
         # The heartbeat manager's wait after its last send (ms): about the interval.
         self._hb_period = 0
         self._poll_all = True
@@ -478,20 +480,20 @@ class MemberDriver:
         due = self._due
         sm = self._sm
         if not self._poll_all and not self._fetches and sm.state is MemberState.STABLE:
-            horizon = now + self._hb_period
-            if due[0] > horizon and due[1] > horizon and due[2] > horizon and due[3] > horizon:
+            others = self._others_due
+            if others > now + self._hb_period:
                 # A stable member's timer with only the heartbeat's manager due (nearly every
                 # run): the loop below for that manager alone (which sends a plain heartbeat
                 # without `core.poll`: see `_HeartbeatRequests`).
                 requests, next_ms = self._managers[4].poll(now)
                 for request in requests:
                     self.transport.send(request)
-                due[4] = now + (next_ms if next_ms < _IDLE_MS else _IDLE_MS)
+                due[4] = when = now + (next_ms if next_ms < _IDLE_MS else _IDLE_MS)
                 if sm.state is not MemberState.STABLE:
                     self._poll_all = True
                     return 0
                 self._quiet_run = True
-                first = min(due)
+                first = others if others < when else when  # `min(due)`
                 return first - now if first < now + _IDLE_MS else _IDLE_MS
         if self._fetches:
             self._expire_fetches(now)
@@ -520,6 +522,7 @@ class MemberDriver:
             first = now
         elif not everything:
             self._quiet_run = True
+        self._others_due = min(due[0], due[1], due[2], due[3])
         if commits_polled:  # (else none can have completed since the last outcome)
             self._collect_commits()
         return first - now

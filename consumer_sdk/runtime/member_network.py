@@ -605,7 +605,8 @@ class MemberNetwork:
             self._wake_queued = False
             if self._stopped:
                 return
-            now = int(time.monotonic() * 1000)  # `_now_ms()`
+            started = time.monotonic()
+            now = int(started * 1000)  # `_now_ms()`
             driver = self._driver
             inbox = self._inbox
             while inbox:  # `_take_inbox`, inline
@@ -629,8 +630,9 @@ class MemberNetwork:
                 if deadline is not None:
                     wait_ms = min(wait_ms, max(int((deadline - now / 1000) * 1000) + 1, 0))
             self._publish()
-            # `_schedule_at(time.monotonic() + wait)`, inline (once per heartbeat)
-            due = time.monotonic() + (wait_ms if wait_ms > 0 else 0) / 1000
+            # `_schedule_at(started + wait)`, inline (once per heartbeat). The wait counts
+            # from ``now``, which is not after ``started``: the run is never early.
+            due = started + (wait_ms if wait_ms > 0 else 0) / 1000
             timer = self._timer
             if timer is not None and not timer.cancelled:
                 if -0.001 < self._timer_due - due < 0.001:
@@ -710,7 +712,8 @@ class MemberNetwork:
             self._routed(self._on_outcome, request, response, error)
             return
         try:
-            now = int(time.monotonic() * 1000)  # `_now_ms()`
+            started = time.monotonic()
+            now = int(started * 1000)  # `_now_ms()`
             driver = self._driver
             if error is None:
                 wait_ms = driver.on_response(now, request, response)
@@ -735,7 +738,7 @@ class MemberNetwork:
                 # later than a full run would. It is nearly always the heartbeat's own, set
                 # when it was sent: kept unless over a millisecond late (the two differ by
                 # the clock's ms rounding).
-                due = time.monotonic() + wait_ms / 1000
+                due = started + wait_ms / 1000  # (not early: see `_run`)
                 if due < self._timer_due - 0.001:
                     self._schedule_at(due)
                 self._publish()
