@@ -1,4 +1,5 @@
-"""One network thread for many members: sockets and timers multiplexed with ``selectors``.
+"""One network thread for many members: sockets and timers multiplexed with ``select.epoll``
+(``selectors`` where there is none).
 
 `NetworkLoop` runs a single thread that owns every shared broker connection of the
 process and a heap of timers (each member's next due time). Members never block it: they
@@ -22,6 +23,7 @@ import itertools
 import logging
 import os
 import random
+import select
 import selectors
 import socket
 import threading
@@ -42,6 +44,49 @@ __all__ = ["NetworkLoop", "Timer", "on_loop_thread"]
 log = logging.getLogger("consumer_sdk.runtime")
 
 _MAX_SELECT_S = 1.0
+
+# Readiness, as `select.epoll` reports it: an error or a hang-up counts as both (as in
+# ``selectors``), so that the read or the write finds it.
+_IN = getattr(select, "EPOLLIN", 1)
+_OUT = getattr(select, "EPOLLOUT", 4)
+_READABLE = ~_OUT
+_WRITABLE = ~_IN
+
+
+class _SelectorPoller:
+    """``select.epoll``'s interface over ``selectors`` (where there is no epoll)."""
+
+    def __init__(self) -> None:
+        self._selector = selectors.DefaultSelector()
+
+    @staticmethod
+    def _events(mask: int) -> int:
+        return (selectors.EVENT_READ if mask & _IN else 0) | (
+            selectors.EVENT_WRITE if mask & _OUT else 0
+        )
+
+    def register(self, fd: int, mask: int) -> None:
+        self._selector.register(fd, self._events(mask))
+
+    def modify(self, fd: int, mask: int) -> None:
+        self._selector.modify(fd, self._events(mask))
+
+    def unregister(self, fd: int) -> None:
+        self._selector.unregister(fd)
+
+    def poll(self, timeout: float) -> list[tuple[int, int]]:
+        return [
+            (
+                key.fd,
+                (_IN if ev & selectors.EVENT_READ else 0)
+                | (_OUT if ev & selectors.EVENT_WRITE else 0),
+            )
+            for key, ev in self._selector.select(timeout)
+        ]
+
+    def close(self) -> None:
+        self._selector.close()
+
 
 #: Whether code that must not run on the network loop thread (it takes data-plane locks the
 #: application thread holds across waits) asserts it: on in the test suite, where
@@ -102,18 +147,22 @@ class NetworkLoop:
 
     def __init__(self, name: str = "consumer-sdk-network") -> None:
         self._name = name
-        self._selector = selectors.DefaultSelector()
+        # The raw epoll where there is one: ``selectors`` adds Python calls per wake-up.
+        self._poller: Any = select.epoll() if hasattr(select, "epoll") else _SelectorPoller()
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
-        self._selector.register(self._wake_r, selectors.EVENT_READ, None)
+        self._poller.register(self._wake_r.fileno(), _IN)
+        # Watched sockets: file descriptor -> connection (the wake-up socket's is absent).
+        self._by_fd: dict[int, MuxConnection] = {}
+        self._fd_of: dict[MuxConnection, int] = {}
         self._calls: deque[Callable[[], None]] = deque()
         self._wake_pending = False
         self._wake_lock = threading.Lock()
         self._timers: list[tuple[float, int, Timer]] = []
         self._seq = itertools.count()
         self._connections: dict[ConnKey, MuxConnection] = {}
-        self._registered: dict[MuxConnection, int] = {}  # conn -> selector events
+        self._registered: dict[MuxConnection, int] = {}  # conn -> epoll events
         self._dirty: set[MuxConnection] = set()
         self._shared_state: dict[object, Any] = {}
         self._expiry: dict[MuxConnection, Timer] = {}
@@ -342,13 +391,16 @@ class NetworkLoop:
 
     def _unregister(self, conn: MuxConnection, sock: socket.socket) -> None:
         if self._registered.pop(conn, None) is not None:
-            with contextlib.suppress(KeyError, ValueError):
-                self._selector.unregister(sock)
+            fd = self._fd_of.pop(conn)
+            self._by_fd.pop(fd, None)
+            with contextlib.suppress(KeyError, ValueError, OSError):
+                self._poller.unregister(fd)
 
     def _update_interest(self, conn: MuxConnection) -> None:
         sock = conn.sock
         if sock is None:
-            self._registered.pop(conn, None)
+            if self._registered.pop(conn, None) is not None:
+                self._by_fd.pop(self._fd_of.pop(conn), None)
             return
         if conn.paused and conn.ready_for_reauth:
             self._start_reauth(conn)
@@ -359,13 +411,16 @@ class NetworkLoop:
             if conn.sock is None:
                 self._update_interest(conn)
                 return
-        events = selectors.EVENT_READ | (selectors.EVENT_WRITE if conn.wants_write else 0)
+        events = _IN | _OUT if conn.wants_write else _IN
         if current is None:
             conn.before_close = lambda s: self._unregister(conn, s)
-            self._selector.register(sock, events, conn)
+            fd = sock.fileno()
+            self._poller.register(fd, events)
+            self._by_fd[fd] = conn
+            self._fd_of[conn] = fd
             self._registered[conn] = events
         elif current != events:
-            self._selector.modify(sock, events, conn)
+            self._poller.modify(self._fd_of[conn], events)
             self._registered[conn] = events
 
     # -- the loop ------------------------------------------------------------------------------
@@ -387,14 +442,15 @@ class NetworkLoop:
             timeout = 0.0
         elif self._timers:
             timeout = min(max(self._timers[0][0] - time.monotonic(), 0.0), _MAX_SELECT_S)
-        for key, mask in self._selector.select(timeout):
-            conn = key.data
-            if conn is None:
+        by_fd = self._by_fd
+        for fd, mask in self._poller.poll(timeout):
+            conn = by_fd.get(fd)
+            if conn is None:  # the wake-up socket
                 self._drain_wakeups()
                 continue
-            if mask & selectors.EVENT_READ:
+            if mask & _READABLE:
                 conn.on_readable()
-            if mask & selectors.EVENT_WRITE:
+            if mask & _WRITABLE:
                 conn.flush()
             self._update_interest(conn)
         # (`_safely`, inline: once per callback and timer)
@@ -442,7 +498,7 @@ class NetworkLoop:
         while self._calls:  # completions queued by the closes
             self._safely(self._calls.popleft())
         try:
-            self._selector.close()
+            self._poller.close()
         finally:
             self._wake_r.close()
             self._wake_w.close()

@@ -4,6 +4,7 @@ per broker, commits, leaves, coordinator moves, TLS and SASL, against EmbeddedKa
 from __future__ import annotations
 
 import multiprocessing
+import select
 import shutil
 import subprocess
 import sys
@@ -32,7 +33,7 @@ from consumer_sdk.membership import (
 from consumer_sdk.membership.requests import CommitKind
 from consumer_sdk.protocol.client import ClusterClient
 from consumer_sdk.runtime.member_network import MemberNetwork
-from consumer_sdk.runtime.netloop import NetworkLoop
+from consumer_sdk.runtime.netloop import NetworkLoop, _SelectorPoller
 from consumer_sdk.runtime.offsets import OffsetAndMetadata, committed_offsets
 from consumer_sdk.testing import EmbeddedKafka, wait_until
 
@@ -73,9 +74,11 @@ class App:
                 self.errors.append(event)
 
 
-def member(bootstrap: str, group: str, **extra: Any) -> MemberNetwork:
+def member(
+    bootstrap: str, group: str, loop: NetworkLoop | None = None, **extra: Any
+) -> MemberNetwork:
     conf = {"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False, **extra}
-    return MemberNetwork(ConsumerConfig.from_mapping(conf))
+    return MemberNetwork(ConsumerConfig.from_mapping(conf), loop=loop)
 
 
 def poll_until(apps: list[App], done: Any, what: str, timeout: float = 30.0) -> None:
@@ -234,6 +237,31 @@ def test_commits_sync_and_async_land_on_the_coordinator(kafka: EmbeddedKafka) ->
         assert lower.ok and lower.committed == {}
     finally:
         close_all([app])
+
+
+def test_members_over_the_selectors_poller_where_there_is_no_epoll(kafka: EmbeddedKafka) -> None:
+    """The loop waits on ``select.epoll`` where there is one, else on ``selectors`` through
+    `_SelectorPoller`: members join, commit and leave over the fallback too."""
+    kafka.create_topic("nl-poller", partitions=2)
+    loop = NetworkLoop("nl-poller")
+    loop._poller.close()
+    loop._poller = _SelectorPoller()
+    loop._poller.register(loop._wake_r.fileno(), select.EPOLLIN)
+    loop._start()
+    apps = [App(member(kafka.bootstrap_servers, "nl-poller", loop=loop)) for _ in range(2)]
+    try:
+        for app in apps:
+            app.net.submit(Subscribe(topics=("nl-poller",)))
+        poll_until(apps, lambda: cover(apps, "nl-poller", 2), "both partitions owned")
+        result = apps[0].net.commit_sync(
+            {p: OffsetAndMetadata(5) for p in apps[0].owned}, 10.0, CommitKind.SYNC
+        )
+        assert result.ok and set(result.committed) == apps[0].owned
+        assert isinstance(loop._poller, _SelectorPoller)
+        assert loop._by_fd and set(loop._by_fd.values()) <= set(loop.connections())
+        close_all(apps)
+    finally:
+        loop._stop()
 
 
 def test_coordinator_moves_and_broker_down_keep_the_member(kafka: EmbeddedKafka) -> None:
