@@ -584,7 +584,8 @@ def render(result: dict[str, Any]) -> list[str]:
             "median of nine 4 s windows interleaved with the code before: 2.27 -> 2.01 %). "
             "What is left on the loop is asyncio's own per task wake-up (a future, a "
             "handle, a task step) and the member's poll note; on the network loop thread, "
-            "the heartbeats and a poll event per member per second."
+            "the heartbeats and, once a second per member, the poll time it takes in (a stable "
+            "member's poll crosses as a time, not an event)."
             if "loop_core_fraction" in m
             else "."
         ),

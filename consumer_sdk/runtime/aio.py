@@ -111,7 +111,7 @@ _FETCH_ERRORS = (BrokerResponseError, KafkaTransportError, KafkaTimeoutError, Pr
 
 # States in which the core goes on only when the application polls (reconciliation runs
 # inside poll, and a stale member rejoins there): entering one wakes the event loop, and its
-# waits post a poll event this often.
+# waits note a poll this often (a `Poll` event outside STABLE).
 _POLL_NEEDED = frozenset({MemberState.RECONCILING, MemberState.STALE})
 
 
@@ -375,7 +375,7 @@ class AIOGroupMember:
             waiter.set_result(None)
 
     def _slice(self) -> float:
-        """How long a wait goes before posting the next poll event (see `note_poll`): work
+        """How long a wait goes before noting the next poll (see `note_poll`): work
         for the application wakes it earlier."""
         if self._sync._net.state in _POLL_NEEDED:
             return _POLL_EVENT_INTERVAL_S
@@ -855,7 +855,7 @@ class AIOConsumer(AIOGroupMember):
 
     def _arm_fast(self) -> None:
         """After a `poll` that returned a record: let `__anext__` skip poll's checks until
-        the event loop's next turn is due, the member's next poll event, or the fetcher's
+        the event loop's next turn is due, the member's next poll note, or the fetcher's
         gate must be asked again, whichever is first; not while errors or work wait.
         Queued work and close end the window early (`_wake`, `close`)."""
         s = self._sync
