@@ -61,12 +61,12 @@ _API_VERSIONS_MAX = max(_API_VERSIONS)
 def warm_schemas() -> None:
     """Import what a member's first connection and requests use, ahead of them.
 
-    The kio schemas are imported on first use (a process that never connects pays
-    nothing), which put 0.1-0.2 s of imports on a member's join path, between its
-    subscription and its first heartbeat. The network loop runs this on a helper thread
-    when it starts, so the imports overlap the application's own start: first the newest
-    versions (what a current broker negotiates), then the older ones (an older broker's or
-    the mock cluster's, and the ApiVersions downgrade).
+    The kio schemas are imported on first use (a process that imports the package but
+    never connects, as Spark's planner and executors, pays nothing), which put 0.1-0.2 s of
+    imports on a member's join path, between its subscription and its first heartbeat. The
+    first member of a process runs this when it takes the network loop, before it can
+    subscribe: first the newest versions (what a current broker negotiates), then the older
+    ones (an older broker's or the mock cluster's, and the ApiVersions downgrade).
     """
     import encodings.idna  # noqa: F401  (socket.getaddrinfo encodes host names with it)
 
