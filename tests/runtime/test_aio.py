@@ -22,6 +22,7 @@ import pytest
 
 from consumer_sdk import Consumer, KafkaException, MemberState, TopicPartition
 from consumer_sdk.aio import AIOConsumer, AIOGroupMember
+from consumer_sdk.runtime._librdkafka import QueueIoEvent
 from consumer_sdk.testing import EmbeddedKafka, KafkaCluster
 from tests.runtime.harness import config
 
@@ -391,6 +392,26 @@ def test_a_timer_due_during_a_turn_runs_before_the_next_take(
     run(main(), timeout=60)
 
 
+async def _assigned_with_ten_queued(
+    c: AIOConsumer, kafka: EmbeddedKafka, topic: str
+) -> QueueIoEvent:
+    """Subscribe ``c`` to ``topic`` (one partition), wait for its assignment (reconciliation
+    runs inside the calls, none of which may return a record), produce 10 records and wait
+    until librdkafka has queued them; returns the consumer's queue IO event."""
+    await c.subscribe([topic])
+    deadline = time.monotonic() + 30
+    while not c.assignment():
+        assert time.monotonic() < deadline, "no assignment"
+        assert await c.consume(10, 0.1) == []
+    await asyncio.to_thread(kafka.produce, topic, [b"x"] * 10)
+    io = c._io
+    assert io is not None
+    # librdkafka's count of queued ops: the 10 records, and ops of fetches a new fetch
+    # position outdated (dropped when the queue is served next)
+    await until(lambda: io.length() >= 10, "10 records queued in librdkafka")
+    return io
+
+
 @pytest.mark.parametrize("mode", ["consume", "async_for"])
 def test_a_short_queue_is_left_to_fill_and_cancelling_that_wait_takes_nothing(
     embedded_kafka: EmbeddedKafka, mode: str, monkeypatch: pytest.MonkeyPatch
@@ -408,17 +429,7 @@ def test_a_short_queue_is_left_to_fill_and_cancelling_that_wait_takes_nothing(
 
     async def main() -> None:
         async with AIOConsumer(config(embedded_kafka, group, enable_auto_commit=False)) as c:
-            await c.subscribe([topic])
-            deadline = time.monotonic() + 30
-            while not c.assignment():  # reconciliation runs inside the calls
-                assert time.monotonic() < deadline, "no assignment"
-                assert await c.consume(10, 0.1) == []
-            await asyncio.to_thread(embedded_kafka.produce, topic, [b"x"] * 10)
-            io = c._io
-            assert io is not None
-            # librdkafka's count of queued ops: the 10 records, and ops of fetches a new
-            # fetch position outdated (dropped when the queue is served next)
-            await until(lambda: io.length() >= 10, "10 records queued in librdkafka")
+            io = await _assigned_with_ten_queued(c, embedded_kafka, topic)
 
             async def step() -> list[int]:
                 if mode == "consume":
@@ -461,15 +472,7 @@ def test_consume_ends_its_wait_for_a_fuller_queue_once_the_batch_is_there(
 
     async def main() -> None:
         async with AIOConsumer(config(embedded_kafka, group, enable_auto_commit=False)) as c:
-            await c.subscribe([topic])
-            deadline = time.monotonic() + 30
-            while not c.assignment():  # reconciliation runs inside the calls
-                assert time.monotonic() < deadline, "no assignment"
-                assert await c.consume(10, 0.1) == []
-            await asyncio.to_thread(embedded_kafka.produce, topic, [b"x"] * 10)
-            io = c._io
-            assert io is not None
-            await until(lambda: io.length() >= 10, "10 records queued in librdkafka")
+            await _assigned_with_ten_queued(c, embedded_kafka, topic)
             monkeypatch.setattr(aio_module, "_CONSUME_LINGER_S", 60.0)
             task = asyncio.create_task(c.consume(20, 50.0))
             await until(lambda: c._linger_until > 0, "the wait for a fuller queue")
