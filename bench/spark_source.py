@@ -659,19 +659,21 @@ def run_real(quick: bool = False) -> dict[str, Any]:
             direct_s = _direct_all(bootstrap, "bench-real", ends)
             from spark_integration import kafka_schema
 
+            def run_job(topic: str, job_ends: dict[int, int]) -> None:
+                (
+                    spark.range(REAL_PARTITIONS, numPartitions=REAL_PARTITIONS)
+                    .selectExpr("cast(id as int) as p")
+                    .mapInArrow(_map_in_arrow_reader(bootstrap, topic, job_ends), kafka_schema())
+                    .write.format("noop")
+                    .mode("overwrite")
+                    .save()
+                )
+
             _step("warm-up mapInArrow job")
             # As the warm-up query warms the source: the job's first run on a session
             # paid 4-5 s more than the next (measured with --quick: 6.61 s, then 1.78 s).
-            warm_ends = dict.fromkeys(range(REAL_PARTITIONS), 12_000 // REAL_PARTITIONS)
-            (
-                spark.range(REAL_PARTITIONS, numPartitions=REAL_PARTITIONS)
-                .selectExpr("cast(id as int) as p")
-                .mapInArrow(
-                    _map_in_arrow_reader(bootstrap, "bench-real-warm", warm_ends), kafka_schema()
-                )
-                .write.format("noop")
-                .mode("overwrite")
-                .save()
+            run_job(
+                "bench-real-warm", dict.fromkeys(range(REAL_PARTITIONS), 12_000 // REAL_PARTITIONS)
             )
             job_runs: list[float] = []
             query_runs: list[
@@ -686,16 +688,7 @@ def run_real(quick: bool = False) -> dict[str, Any]:
                     if kind == "job":
                         _step("hand-written mapInArrow job")
                         started = time.perf_counter()
-                        (
-                            spark.range(REAL_PARTITIONS, numPartitions=REAL_PARTITIONS)
-                            .selectExpr("cast(id as int) as p")
-                            .mapInArrow(
-                                _map_in_arrow_reader(bootstrap, "bench-real", ends), kafka_schema()
-                            )
-                            .write.format("noop")
-                            .mode("overwrite")
-                            .save()
-                        )
+                        run_job("bench-real", ends)
                         job_runs.append(time.perf_counter() - started)
                         continue
                     _step("kip848 query")
