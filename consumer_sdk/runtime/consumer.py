@@ -54,6 +54,7 @@ _REBALANCE_SLICE_S = 0.005
 # librdkafka's statistics interval when the application sets none: the SDK reads fetch
 # counters and end offsets from them.
 _STATISTICS_INTERVAL_MS = 1000
+_monotonic = time.monotonic
 _REBALANCING = frozenset(
     {
         MemberState.JOINING,
@@ -142,6 +143,24 @@ class Consumer(GroupMember):
         (transport, authentication) go to ``error_cb``, as in confluent-kafka; exceptions
         raised by callbacks are raised here, and so is a fatal error on later calls.
         """
+        # The record path in one frame (`_begin_read`, `Fetcher.poll` and
+        # `Fetcher.next_buffered` inlined): a record is buffered, no error event, callback or
+        # background event waits, the consumer is usable, its poll was noted lately
+        # (`_post_poll_limited`) and the gate is open. Anything else takes the path below.
+        fetcher = self._fetcher
+        buffer = fetcher._buffer
+        if buffer and not (self._error_events or self._app_callbacks or self._closed):
+            net = self._net
+            if not net.background_events and net.failure is None and self._fatal is None:
+                now = _monotonic()
+                if now < self._next_post_poll and now <= fetcher._open_until:
+                    key, record = buffer.popleft()
+                    if key is None:
+                        return record
+                    if key in fetcher._fetchable:
+                        fetcher._last[key] = record
+                        return record
+                    fetcher._note_dropped(key, record)
         if self._error_events and not self._closed:
             return self._error_events.popleft()
         now = self._begin_read()
@@ -150,8 +169,8 @@ class Consumer(GroupMember):
             self._dispatch_background_events()
             if self._error_events:
                 return self._error_events.popleft()
-        # Fast path: a record is already buffered.
-        msg = self._fetcher.poll(0, None if dispatched else now)
+        # A record already buffered, else one batch taken without a wait.
+        msg = fetcher.poll(0, None if dispatched else now)
         if msg is not None:
             return msg
         deadline = now + _wait_seconds(timeout)

@@ -744,7 +744,9 @@ class Fetcher:
     def next_buffered(self) -> Message | None:
         """The next buffered record of a fetchable partition (its position moves past it) or
         error event; None once the buffer is empty. No wait, no call into librdkafka and no
-        gate check: a caller that skips `poll` checks `open_until` itself."""
+        gate check: a caller that skips `poll` checks `open_until` itself. `Consumer.poll`
+        inlines it (with ``_buffer``, ``_fetchable``, ``_last``, ``_open_until`` and
+        `_note_dropped`) on its record path: a change here goes there too."""
         buffer = self._buffer
         fetchable = self._fetchable
         while buffer:

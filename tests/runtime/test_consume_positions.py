@@ -13,7 +13,8 @@ from typing import Any
 
 import confluent_kafka
 
-from consumer_sdk import Consumer, KafkaException, TopicPartition
+from consumer_sdk import Consumer, KafkaError, KafkaException, TopicPartition
+from consumer_sdk.runtime.error_channel import error_event
 from consumer_sdk.testing import EmbeddedKafka, KafkaCluster
 from tests.runtime.harness import Timeline, config, fetcher_over, wait_for
 
@@ -535,3 +536,81 @@ def test_the_published_positions_follow_every_hand_out(embedded_kafka: EmbeddedK
         assert set(fetcher.publication.positions()) == {(topic, 1)}
     finally:
         fetcher.close()
+
+
+def test_poll_hands_out_a_buffered_record_only_as_its_slow_path_would(
+    embedded_kafka: EmbeddedKafka,
+) -> None:
+    """`Consumer.poll` serves a record the fetcher already buffered in one frame. It must
+    still note the poll for the member, run a queued ``error_cb`` and return a waiting error
+    event first, raise once the consumer is fatally failed, drop a fenced partition's
+    records and hold every record back past the zombie-record gate; and every record comes
+    once, in order (fails when any of those guards is taken off the record path)."""
+    import math
+
+    topic = "cp-poll-record-path"
+    embedded_kafka.create_topic(topic, partitions=2)
+    for p in (0, 1):
+        embedded_kafka.produce(topic, [f"{p}-{i}".encode() for i in range(400)], partition=p)
+    errors: list[KafkaError] = []
+    consumer = Consumer(
+        {**config(embedded_kafka, "cp-poll-record-path-g"), "error_cb": errors.append}
+    )
+    fetcher = consumer._fetcher
+    seen: Seen = {}
+
+    def record(msg: Any) -> Any:
+        if msg is not None and msg.error() is None:
+            seen.setdefault(msg.partition(), []).append(msg.offset())
+        return msg
+
+    def refill() -> None:
+        """poll() until the fetcher holds at least 10 records taken from librdkafka."""
+        deadline = time.monotonic() + 30
+        while len(fetcher._buffer) < 10:
+            assert time.monotonic() < deadline, "the fetcher buffered no records"
+            record(consumer.poll(0.2))
+
+    try:
+        consumer.subscribe([topic])
+        refill()
+        # The poll is noted for the member (max.poll.interval.ms, rebalance progress).
+        consumer._next_post_poll = 0.0
+        assert record(consumer.poll(0)) is not None
+        assert consumer._next_post_poll > 0, "the poll was not noted"
+        # A queued error_cb call runs before the next record is handed out.
+        consumer._queue_error(KafkaError(KafkaError._TRANSPORT, "cp test"))
+        assert record(consumer.poll(0)) is not None
+        assert [e.code() for e in errors] == [KafkaError._TRANSPORT]
+        # A waiting error event comes before the buffered records.
+        consumer._error_events.append(error_event(KafkaError(KafkaError._FAIL, "cp test")))
+        event = consumer.poll(0)
+        assert event is not None and event.error() is not None
+        # A fatally failed consumer raises.
+        consumer._fatal = KafkaException(KafkaError(KafkaError._FATAL, "cp test", fatal=True))
+        try:
+            raised = False
+            try:
+                consumer.poll(0)
+            except KafkaException:
+                raised = True
+            assert raised, "poll() handed out a record on a fatally failed consumer"
+        finally:
+            consumer._fatal = None
+        # Fenced partitions: their buffered records are dropped, then come again.
+        refill()
+        parts = [(topic, 0), (topic, 1)]
+        fetcher.fence(parts)
+        assert record(consumer.poll(0)) is None, "a fenced partition's record was handed out"
+        fetcher.unfence(parts)
+        # Past the gate (no heartbeat confirmed the membership for a session) nothing goes
+        # out, buffered or not; when it opens again the records come.
+        refill()
+        fetcher.set_gate(lambda: -math.inf)
+        assert record(consumer.poll(0)) is None, "a record was handed out past the gate"
+        fetcher.set_gate(consumer._handout_until)
+        _take(lambda: [consumer.poll(0.2)], seen, 800, "every record")
+        assert sorted(seen) == [0, 1]
+        _contiguous(seen)
+    finally:
+        consumer.close()
