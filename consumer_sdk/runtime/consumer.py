@@ -112,7 +112,8 @@ class Consumer(GroupMember):
             if interval <= 0:
                 fetcher_config["statistics.interval.ms"] = _STATISTICS_INTERVAL_MS
             fetcher_config["stats_cb"] = self._on_statistics
-            self._fetcher = Fetcher(fetcher_config)
+            # The network loop reads the fetcher's publication only for auto-commits.
+            self._fetcher = Fetcher(fetcher_config, publish_batches=self._config.enable_auto_commit)
         except BaseException:
             super().close(timeout=1.0)
             raise

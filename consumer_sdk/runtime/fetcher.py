@@ -45,7 +45,8 @@ that holds native partitions' records is appended to its ``pending`` before it i
 out (every ``_PENDING_RECORDS`` records a new publication replaces them with one read of
 librdkafka's positions), and the records of the other partitions go into ``_last``, which
 is its ``handed``. The loop thread's only other calls are `Fetcher.fence` (no lock) and
-`Fetcher.wake`.
+`Fetcher.wake`. Without auto-commit nothing reads the publication: such a consumer's
+fetcher (``publish_batches=False``) leaves ``consume()`` batches out of it.
 """
 
 from __future__ import annotations
@@ -193,8 +194,12 @@ def _data_plane_lock(lock: _Lock) -> _Lock:
 class Fetcher:
     """Assign-only record fetcher with per-partition positions."""
 
-    def __init__(self, config: Mapping[str, Any]) -> None:
+    def __init__(self, config: Mapping[str, Any], publish_batches: bool = True) -> None:
+        """``publish_batches``: whether ``consume()`` publishes each batch of librdkafka's
+        own partitions (`publication`); without a reader of the publication (no
+        auto-commit) it need not, and the batch's only per-batch work is the gate check."""
         self._consumer = Consumer(dict(config))
+        self._publish_batches = publish_batches
         self._waker: QueueWaker | None = None
         try:
             self._waker = consumer_queue_waker(
@@ -508,7 +513,9 @@ class Fetcher:
     def publication(self) -> Published:
         """What has been handed out (any thread; never waits): the network loop's
         auto-commit reads it. It can trail `committable` only by positions librdkafka moved
-        without handing out a record (past a transaction marker) since the last batch."""
+        without handing out a record (past a transaction marker) since the last batch.
+        With ``publish_batches=False`` it leaves out ``consume()`` batches of librdkafka's
+        own partitions: read `committable` instead."""
         return self._published
 
     def committable(self) -> dict[Partition, tuple[int, int]]:
@@ -793,7 +800,8 @@ class Fetcher:
             # _refresh_fast() that read the sets before it.
             if not (self._fast and len(self._fetchable) == len(self._assigned)):
                 msgs = self._sort(msgs)
-            if self._native:  # publish the batch before it is handed out (`Published`)
+            # Publish the batch before it is handed out (`Published`).
+            if self._native and self._publish_batches:
                 self._pending_records += len(msgs)
                 if self._pending_records >= _PENDING_RECORDS:
                     self._publish_native()  # librdkafka's positions count this batch
