@@ -138,8 +138,8 @@ def _median_phases(runs: list[tuple[float, float, float]]) -> tuple[float, float
 
 
 def _counting_source() -> Any:
-    """``kip848`` under another name whose tasks record, per Python worker, how the
-    executor positioned its consumers (``bench.positions``: a directory, local mode)."""
+    """``kip848`` under another name whose tasks record, per Python worker, how many ranges
+    got a reused or a created consumer (``bench.positions``: a directory, local mode)."""
     from spark_integration.executor import position_counts, read_range
     from spark_integration.options import SourceOptions
     from spark_integration.source import Kip848DataSource, Kip848StreamReader
@@ -798,8 +798,8 @@ def run_real(quick: bool = False) -> dict[str, Any]:
         direct_s / add_s, 2
     )
     out["ratio kip848 / direct, by wall time (speed), median query"] = round(direct_s / wall, 2)
-    out[f"kip848 queries: ranges continued / seeked / reassigned / created (of {60 * n})"] = (
-        " / ".join(str(ranges.get(k, 0)) for k in ("continued", "seeked", "reassigned", "created"))
+    out[f"kip848 queries: ranges on a reused / a created consumer (of {60 * n})"] = " / ".join(
+        str(ranges.get(k, 0)) for k in ("reused", "created")
     )
     out["kip848 query: before the first trigger / after the triggers, s, each run"] = ", ".join(
         f"{q[2]:.2f} / {q[3]:.2f}" for q in query_runs

@@ -3,13 +3,13 @@
 The consumers live in this module's globals, so they survive across tasks in a reused
 Python worker (Spark reuses workers; an idle one is killed after a minute, closing them).
 They use the group id ``<group.id>-spark-executor``, never subscribe and never commit, so
-they never join a group. A consumer that finished a range at offset ``n`` keeps its
-prefetched records (bounded by ``queued.max.messages.kbytes``) and continues without a seek
-when the next range of that partition starts at ``n``; pausing it instead costs 0.5-1 s
-per resume in librdkafka. Spark hands a task to any idle Python worker, so a range often
-lands where no consumer of its partition waits: an idle connected consumer of another
-partition is then re-pointed at it (``assign`` with the start offset) rather than a new one
-created (a bootstrap connection, metadata and threads for every range).
+they never join a group. Spark hands a task to any idle Python worker, so a range rarely
+lands where its partition was read before: a range takes any idle connected consumer of
+the worker, assigned at the range's start (its connection and metadata stay), and only
+then a new one. A consumer whose range is done is unassigned when it goes back to the
+pool: it stops fetching at once (an idle consumer sends no fetch and costs no CPU), and
+no fetch of its old partition is left in flight for the next range's first fetch to wait
+behind (librdkafka sends one fetch request at a time per broker connection).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import repeat
-from operator import is_not, itemgetter
+from operator import is_, is_not, itemgetter
 from typing import Any, cast
 
 import pyarrow as pa
@@ -39,6 +39,7 @@ __all__ = [
     "arrow_schema",
     "cached_consumers",
     "close_cached_consumers",
+    "idle_assignments",
     "position_counts",
     "read_range",
     "records_to_batch",
@@ -131,17 +132,15 @@ class _Cached:
     def __init__(self, pool: str, config: Mapping[str, str]) -> None:
         self.pool = pool
         self.consumer = Consumer({**config, "logger": _KAFKA_LOG})
-        self.next_offset = -1  # where a paused consumer continues without a seek
-        self.assigned: tuple[str, int] | None = None
-        # Re-pointed from another partition: its first records are checked to be this one's.
-        self.repointed = False
+        # It had a partition before: its first records are checked to be this range's.
+        self.reused = False
         self.last_used = time.monotonic()
 
 
 _lock = threading.Lock()
 #: Idle consumers, least recently used first.
 _idle: list[_Cached] = []
-#: How ranges were positioned in this process: continued, seeked, reassigned, created.
+#: How the ranges of this process got their consumer: ``reused`` or ``created``.
 _positions: Counter[str] = Counter()
 
 
@@ -159,19 +158,14 @@ def _pool_key(config: tuple[tuple[str, str], ...]) -> str:
     return json.dumps([kv for kv in config if kv[0] not in ("group.id", "client.id")])
 
 
-def _checkout(config: tuple[tuple[str, str], ...], r: OffsetRange) -> _Cached:
-    """The best idle consumer for ``r``: one that stopped at its start, else one of its
-    partition, else any idle one with the same connection settings, else a new one."""
+def _checkout(config: tuple[tuple[str, str], ...]) -> _Cached:
+    """The most recently used idle consumer with these connection settings, else a new one."""
     pool = _pool_key(config)
-    stale: list[_Cached] = []
     with _lock:
         now = time.monotonic()
         stale = [e for e in _idle if now - e.last_used > _IDLE_CLOSE_S]
         _idle[:] = [e for e in _idle if now - e.last_used <= _IDLE_CLOSE_S]
-        mine = [e for e in _idle if e.pool == pool]
-        same = [e for e in mine if e.assigned == r.tp]
-        entry = next((e for e in same if e.next_offset == r.from_offset), None)
-        entry = entry or (same[0] if same else None) or (mine[0] if mine else None)
+        entry = next((e for e in reversed(_idle) if e.pool == pool), None)
         if entry is not None:
             _idle.remove(entry)
     for e in stale:
@@ -180,14 +174,19 @@ def _checkout(config: tuple[tuple[str, str], ...], r: OffsetRange) -> _Cached:
 
 
 def _checkin(e: _Cached) -> None:
+    """Back to the pool, unassigned: it stops fetching and drops what it prefetched."""
+    try:
+        e.consumer.unassign()
+    except KafkaException as exc:
+        log.debug("unassigning a cached consumer failed, closing it: %s", exc)
+        _close(e)
+        return
+    e.reused = True
     e.last_used = time.monotonic()
     with _lock:
-        # At most one idle consumer per partition and settings (the older one goes).
-        old = [o for o in _idle if o.pool == e.pool and o.assigned == e.assigned]
-        _idle[:] = [o for o in _idle if o not in old]
         _idle.append(e)
-        while len(_idle) > _CACHE_CAPACITY:
-            old.append(_idle.pop(0))
+        old = _idle[: max(len(_idle) - _CACHE_CAPACITY, 0)]
+        del _idle[: len(old)]
     for o in old:
         _close(o)
 
@@ -198,10 +197,17 @@ def cached_consumers() -> int:
         return len(_idle)
 
 
+def idle_assignments() -> list[list[tuple[str, int]]]:
+    """The partitions each idle consumer of this process has assigned (none: an idle
+    consumer fetches nothing). For tests and diagnostics."""
+    with _lock:
+        entries = list(_idle)
+    return [[(tp.topic, tp.partition) for tp in e.consumer.assignment()] for e in entries]
+
+
 def position_counts() -> dict[str, int]:
-    """How this process positioned the consumers of the ranges it read: ``continued``
-    (no seek), ``seeked`` (same partition), ``reassigned`` (an idle consumer of another
-    partition re-pointed) and ``created`` (a new consumer). For benchmarks and diagnostics."""
+    """How the ranges this process read got their consumer: ``reused`` (an idle one of the
+    pool, assigned at the range's start) or ``created``. For benchmarks and diagnostics."""
     with _lock:
         return dict(_positions)
 
@@ -311,8 +317,8 @@ def _data_loss(task: ReadTask, r: OffsetRange, message: str) -> None:
 def read_range(task: ReadTask) -> Iterator[pa.RecordBatch]:
     """Yield the task's ranges as Arrow record batches in the Kafka source schema.
 
-    Every partition's consumer is positioned (assigned, or seeked when it stopped
-    elsewhere) before the first range is read, so their fetches run at once instead of
+    Every partition's consumer is assigned at its first range's start before the first
+    range is read, so their fetches run at once instead of
     one round trip after another (a task of a small batch reads many short ranges, often
     with consumers last used by another task). Small ranges of one task are combined into
     batches of up to ``arrow_batch_size`` rows: each batch costs Spark a round of Arrow IPC
@@ -320,7 +326,7 @@ def read_range(task: ReadTask) -> Iterator[pa.RecordBatch]:
     """
     schema = arrow_schema(task.include_headers)
     ranges = [r for r in task.ranges if r.size > 0]
-    # Each partition's consumer, positioned for the partition's first range (popped by it).
+    # Each partition's consumer, assigned at the partition's first range (popped by it).
     primed: dict[tuple[str, int], _Cached] = {}
     pending: list[pa.RecordBatch] = []
     rows = 0
@@ -337,7 +343,6 @@ def read_range(task: ReadTask) -> Iterator[pa.RecordBatch]:
                 rows += batch.num_rows
     finally:
         for entry in primed.values():  # not read (error, early stop)
-            entry.next_offset = -1
             _checkin(entry)
     if pending:
         yield _concat(pending)
@@ -348,27 +353,15 @@ def _concat(batches: list[pa.RecordBatch]) -> pa.RecordBatch:
 
 
 def _position(task: ReadTask, r: OffsetRange) -> _Cached:
-    """A consumer of ``r``'s partition positioned at ``r.from_offset`` (fetching from there)."""
-    entry = _checkout(task.config, r)
-    tp = TopicPartition(r.topic, r.partition, r.from_offset)
+    """A consumer assigned ``r``'s partition at ``r.from_offset`` (fetching from there)."""
+    entry = _checkout(task.config)
     try:
-        if entry.assigned != r.tp:
-            # assign() replaces the previous partition and drops what it prefetched.
-            how = "created" if entry.assigned is None else "reassigned"
-            entry.repointed = entry.assigned is not None
-            entry.consumer.assign([tp])
-            entry.assigned = r.tp
-        elif entry.next_offset != r.from_offset:
-            how = "seeked"
-            entry.consumer.seek(tp)  # drops whatever was prefetched
-        else:
-            how = "continued"
+        entry.consumer.assign([TopicPartition(r.topic, r.partition, r.from_offset)])
     except BaseException:
         _close(entry)
         raise
-    entry.next_offset = -1
     with _lock:
-        _positions[how] += 1
+        _positions["reused" if entry.reused else "created"] += 1
     return entry
 
 
@@ -380,9 +373,6 @@ def _read_one(
     clean = False
     try:
         yield from _consume(entry, task, r, schema)
-        # Continue without a seek next time only if the consumer stopped exactly at the end.
-        pos = entry.consumer.position([TopicPartition(r.topic, r.partition)])[0].offset
-        entry.next_offset = r.until_offset if pos == r.until_offset else -1
         clean = True
     finally:
         if clean:
@@ -403,7 +393,7 @@ def _consume(
         # Never more than the range still needs nor than fits the Arrow batch being filled.
         wanted = min(r.until_offset - position, size - len(cols))
         msgs = entry.consumer.consume(wanted, _CONSUME_SLICE_S)
-        if entry.repointed and msgs:
+        if entry.reused and msgs:
             msgs = _only_this_partition(entry, r, msgs)
         offsets = cast(list[int], list(map(_OFFSET, msgs)))  # ints unless an error event
         # (`is not`, not ==: KafkaError's == with None leaves a TypeError set.)
@@ -450,9 +440,13 @@ def _consume(
 
 
 def _only_this_partition(entry: _Cached, r: OffsetRange, msgs: list[Message]) -> list[Message]:
-    """Records of ``r``'s partition (and error events) from a consumer re-pointed from
-    another partition. librdkafka drops what a replaced assignment prefetched; this checks
-    it, one record at a time, until a batch holds only this partition's records."""
+    """Records of ``r``'s partition (and error events) from a consumer that had another
+    partition before. librdkafka drops what a replaced assignment prefetched; this checks
+    it until a batch holds only this partition's records."""
+    if set(map(_PARTITION, msgs)) == {r.partition} and set(map(_TOPIC, msgs)) == {r.topic}:
+        if any(map(is_, map(_ERROR, msgs), repeat(None))):  # a record, not only events
+            entry.reused = False
+        return msgs
     kept = [
         m
         for m in msgs
@@ -461,7 +455,7 @@ def _only_this_partition(entry: _Cached, r: OffsetRange, msgs: list[Message]) ->
     if len(kept) < len(msgs):
         log.debug("kip848: dropped %d records of a previous assignment", len(msgs) - len(kept))
     elif any(m.error() is None for m in kept):
-        entry.repointed = False
+        entry.reused = False
     return kept
 
 

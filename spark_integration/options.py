@@ -148,10 +148,12 @@ _MEMBER_ONLY = frozenset(
 )
 _TRUE = {"true": True, "false": False}
 _FETCH_DEFAULTS = {
-    # A fetch with records is answered at once whatever this is; it only paces the fetches
-    # of a consumer at the end of the log. At 10 ms, the pooled consumers (idle between
-    # batches and for minutes after a query) kept a quarter of a core busy.
-    "fetch.wait.max.ms": "500",
+    # A fetch with records is answered at once whatever this is; it paces the fetches of a
+    # consumer at the end of the log, and a fetch long-polling there holds back the next
+    # fetch of its connection (one in flight per broker): at librdkafka's 500 ms, a pooled
+    # consumer re-assigned from a partition read to its end waited ~250 ms for its first
+    # records. Idle pooled consumers are unassigned, so they send no fetch at all.
+    "fetch.wait.max.ms": "10",
     "fetch.queue.backoff.ms": "10",
     "fetch.error.backoff.ms": "10",
     "queued.max.messages.kbytes": "16384",  # per cached consumer's prefetch

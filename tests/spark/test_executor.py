@@ -59,7 +59,7 @@ def test_read_range_yields_kafka_rows_and_reuses_its_consumer(
         assert rows[5]["timestampType"] == 0 and rows[5]["timestamp"].year >= 2024
         assert rows[5]["headers"] == [{"key": "h", "value": b"1"}]
         assert cached_consumers() == 1
-        # Continues at 100 without a seek, then seeks back; one consumer throughout.
+        # The next range, then back; one consumer throughout, unassigned between ranges.
         nxt = pa.Table.from_batches(read(100, 300)).column("offset").to_pylist()
         assert nxt == list(range(100, 300))
         back = pa.Table.from_batches(read(10, 20)).column("offset").to_pylist()
@@ -175,7 +175,7 @@ def test_a_task_positions_its_consumers_up_front_and_returns_unread_ones(
         reader.close()
         assert cached_consumers() == parts - 1
         assert rows(early) == [(p, o) for p in range(3) for o in range(10)]
-        # Partition 0 had no consumer left: partition 3's idle one was re-pointed to it.
+        # Partition 0 had no consumer left: partition 3's idle one was assigned to it.
         assert cached_consumers() == parts - 1
         assert rows(task([(3, 0, 3)])) == [(3, 0), (3, 1), (3, 2)]
     finally:
@@ -183,16 +183,18 @@ def test_a_task_positions_its_consumers_up_front_and_returns_unread_ones(
     assert cached_consumers() == 0
 
 
-def test_an_idle_consumer_of_another_partition_is_repointed(
+def test_an_idle_consumer_is_unassigned_and_reused_for_any_partition(
     embedded_kafka: EmbeddedKafka,
 ) -> None:
-    """A range whose partition has no idle consumer in this worker takes an idle connected
-    one of another partition (re-assigned at the range's start) instead of creating one;
-    rows stay exact and the positions are counted."""
+    """A consumer whose range is done goes back to the pool with no partition assigned (it
+    fetches nothing while idle); the next range, of its old partition or another one, takes
+    it (assigned at the range's start) instead of creating one; rows stay exact, also for
+    a range that continues where the consumer's last one ended, and the reuse is counted."""
     from spark_integration.executor import (
         ReadTask,
         cached_consumers,
         close_cached_consumers,
+        idle_assignments,
         position_counts,
         read_range,
     )
@@ -235,18 +237,20 @@ def test_an_idle_consumer_of_another_partition_is_repointed(
     before = position_counts()
     try:
         assert rows([(0, 0, 10)]) == expected(0, 0, 10)
-        assert rows([(1, 5, 20)]) == expected(1, 5, 20)  # partition 0's consumer, re-pointed
+        assert idle_assignments() == [[]]
+        assert rows([(1, 5, 20)]) == expected(1, 5, 20)  # partition 0's consumer
         assert cached_consumers() == 1
-        assert rows([(1, 20, 30)]) == expected(1, 20, 30)  # continues
-        assert rows([(1, 0, 3)]) == expected(1, 0, 3)  # seeks back
-        assert rows([(2, 30, 40)]) == expected(2, 30, 40)
+        assert rows([(1, 20, 30)]) == expected(1, 20, 30)  # where the last range ended
+        assert rows([(1, 0, 3)]) == expected(1, 0, 3)  # back
+        assert rows([(2, 30, 40)]) == expected(2, 30, 40)  # to the log end
         assert rows([(0, 10, 12), (1, 3, 5)]) == expected(0, 10, 12) + expected(1, 3, 5)
         assert cached_consumers() == 2  # the two-partition task needed a second one
+        assert idle_assignments() == [[], []]
     finally:
         close_cached_consumers()
     after = position_counts()
     delta = {k: after.get(k, 0) - before.get(k, 0) for k in after}
-    assert delta == {"created": 2, "reassigned": 3, "continued": 1, "seeked": 1}
+    assert delta == {"created": 2, "reused": 5}
 
 
 def _reference_rows(messages: list[object], include_headers: bool) -> list[dict[str, object]]:
