@@ -157,6 +157,9 @@ _FETCH_DEFAULTS = {
     "fetch.queue.backoff.ms": "10",
     "fetch.error.backoff.ms": "10",
     "queued.max.messages.kbytes": "16384",  # per cached consumer's prefetch
+    # librdkafka fetches ahead of the application up to this many records (default 100k):
+    # what a consumer prefetched past its range's end is fetched, parsed and dropped.
+    "queued.min.messages": "10000",
 }
 _DURATION = re.compile(r"^\s*(\d+)\s*(ms|s|m|min|h|d)?\s*$", re.IGNORECASE)
 _UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "min": 60_000, "h": 3_600_000, "d": 86_400_000}
