@@ -440,8 +440,8 @@ def _consume(
 
 
 def _only_this_partition(entry: _Cached, r: OffsetRange, msgs: list[Message]) -> list[Message]:
-    """Records of ``r``'s partition (and error events) from a consumer that had another
-    partition before. librdkafka drops what a replaced assignment prefetched; this checks
+    """Records of ``r``'s partition (and error events) from a consumer that had a partition
+    assigned before. librdkafka drops what an unassigned partition prefetched; this checks
     it until a batch holds only this partition's records."""
     if set(map(_PARTITION, msgs)) == {r.partition} and set(map(_TOPIC, msgs)) == {r.topic}:
         if any(map(is_, map(_ERROR, msgs), repeat(None))):  # a record, not only events
