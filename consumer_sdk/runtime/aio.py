@@ -700,7 +700,7 @@ class AIOConsumer(AIOGroupMember):
 
     def __init__(self, config: Mapping[str, Any]) -> None:
         super().__init__(config)
-        self._next_buffered = self._sync._fetcher.next_buffered
+        self._fetcher = self._sync._fetcher
         self._io: QueueIoEvent | None = None
         # End of the current wait for a short queue to fill (`_hold`; 0: none), and whether
         # the last take found librdkafka's queue empty (only then is the wait made).
@@ -837,21 +837,35 @@ class AIOConsumer(AIOGroupMember):
 
     async def __anext__(self) -> Message:
         """The next record or error event; ends when the consumer is closed."""
-        # Fast path: hand out the fetcher's buffered batch (filled by one librdkafka call)
-        # record by record, with no await before the return (cancel-safe), while nothing
-        # needs poll's checks (see `_arm_fast`).
-        if _monotonic() < self._fast_until:
-            msg = self._next_buffered()
-            if msg is not None:
-                return msg
+        # Fast path, inside the window `_arm_fast` opened (nothing needs poll's checks): the
+        # fetcher's buffered batch (filled by one librdkafka call) handed out record by
+        # record, with no await before the return (cancel-safe); `Fetcher.next_buffered`
+        # inlined (``_buffer``, ``_fetchable``, ``_last``, `_note_dropped`: a change there goes
+        # here too). A batch handed out, the next is taken here too.
+        now = _monotonic()
+        if now < self._fast_until:
+            fetcher = self._fetcher
+            buffer = fetcher._buffer
+            while buffer:
+                key, msg = buffer.popleft()
+                if key is None:
+                    return msg
+                if key in fetcher._fetchable:
+                    fetcher._last[key] = msg
+                    return msg
+                fetcher._note_dropped(key, msg)
+            taken = fetcher.poll(0, now, _FILL_BATCH)
+            if taken is not None:
+                return taken
+            self._drained = True
         s = self._sync
         while True:
             if s._closed or self._closing is not None:
                 raise StopAsyncIteration
-            msg = await self._poll(None, until_close=True)
-            if msg is not None:
+            polled = await self._poll(None, until_close=True)
+            if polled is not None:
                 self._arm_fast()
-                return msg
+                return polled
 
     def _arm_fast(self) -> None:
         """After a `poll` that returned a record: let `__anext__` skip poll's checks until

@@ -308,6 +308,103 @@ def test_async_for_ends_at_close_from_another_task(embedded_kafka: EmbeddedKafka
     run(main())
 
 
+def test_async_for_fast_path_hands_out_only_what_poll_would(
+    embedded_kafka: EmbeddedKafka, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Inside the window in which ``async for`` skips poll's checks (lengthened here so
+    steps surely fall in it): a partition fenced while its records are buffered (as the
+    network loop fences a revoked or lost one) gets none of them handed out, a buffered error
+    event comes as a message, and once the partition is unfenced its records come again from
+    the one after the last handed out: every record once, in order (fails when the
+    partition check, the error-event check or the position store is taken off the fast
+    path)."""
+    from consumer_sdk import KafkaError
+    from consumer_sdk.runtime import aio as aio_module
+    from consumer_sdk.runtime import consumer as consumer_module
+    from consumer_sdk.runtime.error_channel import error_event
+
+    monkeypatch.setattr(aio_module, "_YIELD_EVERY_S", 30.0)
+    monkeypatch.setattr(consumer_module, "_REBALANCE_POLL_GAP_S", 30.0)
+    topic, group = "aio-for-fast", "aio-for-fast-g"
+    embedded_kafka.create_topic(topic, partitions=2)
+    total = 2000  # per partition: the read outlasts a short first window
+    for p in (0, 1):
+        embedded_kafka.produce(topic, [b"x"] * total, partition=p)
+
+    async def main() -> None:
+        async with AIOConsumer(config(embedded_kafka, group, enable_auto_commit=False)) as c:
+            await c.subscribe([topic])
+            fetcher = c._sync._fetcher
+            seen: dict[int, list[int]] = {0: [], 1: []}
+            errors: list[KafkaError] = []
+            fenced: tuple[str, int] | None = None
+            window = 0.0  # the fast window open when the partition was fenced
+            fast_steps = 0  # steps served in that window (it is not armed again)
+            unfenced = asyncio.Event()
+
+            def fenced_buffered() -> bool:
+                return any(k == fenced for k, _ in fetcher._buffer)
+
+            def unfence() -> None:
+                if fenced is not None and not unfenced.is_set():
+                    fetcher.unfence([fenced])
+                    unfenced.set()
+
+            async def unfence_when_dropped() -> None:
+                # For a step left waiting (only the fenced partition's records remain).
+                await until(
+                    lambda: fenced is not None and not fenced_buffered(),
+                    "the drop",
+                    state=lambda: (fenced, {k: len(v) for k, v in seen.items()}),
+                )
+                unfence()
+
+            helper = asyncio.create_task(unfence_when_dropped())
+            last_window, last_buffered = 0.0, 0
+            async for msg in c:
+                # Taken from the buffer by the fast path (not the first of a batch, whose
+                # position the fetcher's own hand-out moved), in the window of the last step.
+                popped = last_buffered > 0 and c._fast_until == last_window
+                last_window, last_buffered = c._fast_until, len(fetcher._buffer)
+                if fenced is not None and not unfenced.is_set() and c._fast_until == window:
+                    fast_steps += 1
+                if msg.error() is not None:
+                    errors.append(msg.error())
+                    continue
+                p = msg.partition()
+                assert p is not None
+                if fenced is not None and not unfenced.is_set():
+                    assert p != fenced[1], "a fenced partition's buffered record was handed out"
+                seen[p].append(msg.offset())  # type: ignore[arg-type]
+                if fenced is None:
+                    # This partition's next records are buffered and the next steps fall in
+                    # the window: fence it (its records are rewound to the position the fast
+                    # path moved), with an error event queued behind its records.
+                    if (
+                        popped
+                        and c._fast_until > time.monotonic() + 0.005
+                        and any(k == (topic, p) for k, _ in fetcher._buffer)
+                    ):
+                        fenced, window = (topic, p), c._fast_until
+                        fetcher.fence([fenced])
+                        fetcher._buffer.append(
+                            (None, error_event(KafkaError(KafkaError._FAIL, "aio test")))
+                        )
+                elif not fenced_buffered():
+                    unfence()
+                if len(seen[0]) == len(seen[1]) == total:
+                    break
+            helper.cancel()
+            await asyncio.wait([helper])
+            assert fenced is not None, "no step found the next records buffered in the window"
+            assert fast_steps > 0, "no step after the fence was served in the window"
+            assert [e.code() for e in errors] == [KafkaError._FAIL]
+            for p in (0, 1):
+                assert seen[p] == list(range(total)), f"partition {p}: gaps or repeats"
+
+    run(main(), timeout=60)
+
+
 def test_async_for_takes_records_from_librdkafka_in_bounded_chunks(
     embedded_kafka: EmbeddedKafka,
 ) -> None:
