@@ -752,8 +752,9 @@ class Fetcher:
         """The next buffered record of a fetchable partition (its position moves past it) or
         error event; None once the buffer is empty. No wait, no call into librdkafka and no
         gate check: a caller that skips `poll` checks `open_until` itself. `Consumer.poll`
-        inlines it (with ``_buffer``, ``_fetchable``, ``_last``, ``_open_until`` and
-        `_note_dropped`) on its record path: a change here goes there too."""
+        and `AIOConsumer.__anext__` inline it (with ``_buffer``, ``_fetchable``, ``_last``,
+        ``_open_until`` and `_note_dropped`) on their record paths: a change here goes there
+        too."""
         buffer = self._buffer
         fetchable = self._fetchable
         while buffer:
