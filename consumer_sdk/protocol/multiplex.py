@@ -156,6 +156,8 @@ class HeartbeatCall:
         # The frame after the correlation id, for `_version` (a call may be sent again, one
         # send at a time: the host reuses it for the next heartbeat of the same request).
         self._body = b""
+        # Its waiter, for `MuxConnection.send_heartbeat` (one send at a time: reused).
+        self._waiter: _Waiter | None = None
 
     def encode(self, versions: VersionCache, correlation_id: int) -> bytes:
         chosen = versions._chosen
@@ -264,6 +266,8 @@ class MuxConnection:
     def submit(self, call: Call[Any], done: Done, deadline: float) -> None:
         """Queue ``call``; ``done`` runs once with its result or error (network thread)."""
         waiter = _Waiter(call, done, deadline)
+        if type(call) is HeartbeatCall:
+            call._waiter = waiter  # (see `send_heartbeat`)
         if self.state == self.READY and not self.paused:
             # `_write(waiter)`, inline (once per request)
             cid = self._cid = (self._cid + 1) & 0x7FFFFFFF
@@ -277,6 +281,32 @@ class MuxConnection:
             self._out += data
         else:
             self._queued.append(waiter)
+
+    def send_heartbeat(self, call: HeartbeatCall, done: Done, deadline: float) -> None:
+        """`submit` for a heartbeat call sent again once its last send was answered (the
+        host's plain heartbeat, while its request holds): its encoded body and its waiter
+        serve again, with a new correlation id. Else (not ready, another version, the waiter
+        still in flight or another ``done``) as `submit` (network thread)."""
+        version = self.versions._chosen.get(_HB_API)
+        waiter = call._waiter
+        if (
+            self.state is not self.READY
+            or self.paused
+            or version is None
+            or version != call._version
+            or not call._body
+            or waiter is None
+            or waiter.done is not done
+            or self._in_flight.get(waiter.correlation_id) is waiter
+        ):
+            self.submit(call, done, deadline)
+            return
+        waiter.deadline = deadline
+        cid = self._cid = (self._cid + 1) & 0x7FFFFFFF
+        waiter.correlation_id = cid
+        self._in_flight[cid] = waiter
+        body = call._body
+        self._out += _HB_PREFIX.pack(8 + len(body), _HB_API, version, cid) + body
 
     def _write(self, waiter: _Waiter) -> None:
         self._cid = (self._cid + 1) & 0x7FFFFFFF

@@ -218,6 +218,8 @@ class MemberNetwork:
         self._stable_poll_gap = min(1.0, c.max_poll_interval_ms / 4000)
         self._stopped = False
         self._routing = False  # inside `_routed` (loop side)
+        # The core's application-bound events (the same deque for the member's life).
+        self._core_events = core.background_events
         self._snapshot: MemberSnapshot = self._driver.snapshot(0)
         self.wake()
 
@@ -629,7 +631,12 @@ class MemberNetwork:
                 deadline = reaper.next_deadline()
                 if deadline is not None:
                     wait_ms = min(wait_ms, max(int((deadline - now / 1000) * 1000) + 1, 0))
-            self._publish()
+            # `_publish()`, inline (once per heartbeat)
+            self._snapshot = snap = driver.snapshot(
+                self._taken, self._commits_taken, self._snapshot
+            )
+            if snap.state is not MemberState.STABLE or driver.outbox or self._core_events:
+                self._hand_over(snap)
             # `_schedule_at(started + wait)`, inline (once per heartbeat). The wait counts
             # from ``now``, which is not after ``started``: the run is never early.
             due = started + (wait_ms if wait_ms > 0 else 0) / 1000
@@ -656,6 +663,13 @@ class MemberNetwork:
         """Publish the snapshot, then hand the application what the driver has for it."""
         driver = self._driver
         self._snapshot = snap = driver.snapshot(self._taken, self._commits_taken, self._snapshot)
+        self._hand_over(snap)
+
+    def _hand_over(self, snap: MemberSnapshot) -> None:
+        """After publishing ``snap``: what the driver and the core have for the application
+        (`_run` and `_on_outcome` call it only when there is something: a state other than
+        STABLE, the driver's outbox or the core's background events)."""
+        driver = self._driver
         if snap.state is not MemberState.STABLE:
             self.poll_note_due = 0.0  # every poll of a rebalance counts (see note_poll)
         notify = False
@@ -741,7 +755,12 @@ class MemberNetwork:
                 due = started + wait_ms / 1000  # (not early: see `_run`)
                 if due < self._timer_due - 0.001:
                     self._schedule_at(due)
-                self._publish()
+                # `_publish()`, inline (once per heartbeat)
+                self._snapshot = snap = driver.snapshot(
+                    self._taken, self._commits_taken, self._snapshot
+                )
+                if snap.state is not MemberState.STABLE or driver.outbox or self._core_events:
+                    self._hand_over(snap)
                 return
         except Exception as exc:
             self._fail(exc)

@@ -252,10 +252,16 @@ class NetworkLoop:
         # One expiry timer per connection, at its earliest deadline (not one per request).
         timer = self._expiry.get(conn)
         if timer is None or timer.cancelled or deadline < timer.when:
-            if timer is not None:
-                timer.cancel()
-            self._expiry[conn] = self.call_at(deadline, lambda: self._expire(conn))
+            self.watch_expiry(conn, deadline)
         self._dirty.add(conn)  # written at the end of this loop iteration, with the others
+
+    def watch_expiry(self, conn: MuxConnection, deadline: float) -> None:
+        """``conn``'s expiry timer at ``deadline``, earlier than its current one (loop thread
+        only; `request` calls it, and a transport's hot path that writes `request` out)."""
+        timer = self._expiry.get(conn)
+        if timer is not None:
+            timer.cancel()
+        self._expiry[conn] = self.call_at(deadline, lambda: self._expire(conn))
 
     @staticmethod
     def connection_key(settings: ConnectionSettings) -> Hashable:

@@ -102,7 +102,17 @@ class LoopTransport:
                 hb_call = HeartbeatCall(request.payload, _ENCODER, self._client_id)
                 hb_done = partial(self._deliver, request)
                 self._hb_request, self._hb_call = request, (hb_call, hb_done)
-            self._loop.request(conn, hb_call, hb_done, request.timeout_ms / 1000)
+            # `self._loop.request(conn, hb_call, hb_done, timeout)`, inline (once per beat)
+            loop = self._loop
+            if conn.state is not MuxConnection.READY:
+                loop.request(conn, hb_call, hb_done, request.timeout_ms / 1000)
+                return
+            deadline = time.monotonic() + request.timeout_ms / 1000
+            conn.send_heartbeat(hb_call, hb_done, deadline)
+            timer = loop._expiry.get(conn)
+            if timer is None or timer.cancelled or deadline < timer.when:
+                loop.watch_expiry(conn, deadline)
+            loop._dirty.add(conn)
             return
         done: Callable[[Any, KafkaException | None], None]
         if api is Api.FIND_COORDINATOR or api is Api.METADATA or api is Api.GROUP_SESSION_TIMEOUT:

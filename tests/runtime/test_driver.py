@@ -295,8 +295,9 @@ def test_a_stable_members_timer_run_polls_only_the_managers_due() -> None:
             now += 2
             wait = d.on_response(now, hb, HeartbeatResponse(0, 5, 1000))
             assert wait > 0  # quiet
-    assert sum(r == ["_HeartbeatRequests"] for r in runs) >= 6, runs
-    assert all(r[-1] == "_HeartbeatRequests" for r in runs)
+    # (a run of the heartbeat's lane sends its plain heartbeat without its manager's poll)
+    assert sum(r in ([], ["_HeartbeatRequests"]) for r in runs) >= 6, runs
+    assert all(not r or r[-1] == "_HeartbeatRequests" for r in runs)
     polled.clear()
     d.commit(now, {("t", 0): Off(7)}, CommitKind.ASYNC, epoch=5)
     d.run(now)
