@@ -358,16 +358,29 @@ class HeartbeatRequestManager:
             return _poll_result((request, self.time_until_next_poll(now_ms)))
         return _poll_result((None, self.time_until_next_poll(now_ms)))
 
-    def stable_beat(self, now_ms: int) -> tuple[HeartbeatRequest, int] | None:
+    def stable_beat(self, now_ms: int, polled_ms: int = 0) -> tuple[HeartbeatRequest, int] | None:
         """A STABLE member's heartbeat on the regular schedule when nothing changed since the
         last one: the plain request `poll` would send now and the wait it would return, with
         the same bookkeeping; None (and nothing done) when anything else applies: the caller
         then calls `poll`. The host's per-heartbeat fast path: the tests here are `poll`'s,
-        `_can_send`'s and `_build`'s for this one case, inline."""
+        `_can_send`'s and `_build`'s for this one case, inline.
+
+        ``polled_ms`` (0: none): the application's latest poll, not taken in yet: what
+        `stable_poll` does with it comes first (the poll timer restarts), in the same call;
+        declined (and nothing done) where `stable_poll` would decline or warn, so the caller
+        then hands it over the usual way before `poll`."""
         m = self._m
         if self._sm.state is not S.STABLE or not self._coordinator_known or self._regular_count:
             return None
         deadline = self._poll_deadline_ms
+        if polled_ms:  # `stable_poll(polled_ms)`, applied below once nothing declines
+            if (
+                m._closed
+                or m._fatal is not None
+                or (deadline is not None and polled_ms >= deadline)
+            ):
+                return None
+            deadline = polled_ms + self._cfg.rebalance_timeout_ms
         if deadline is not None and now_ms >= deadline:
             return None  # the poll timer expired: `poll` leaves the group
         timing = self._timing
@@ -393,6 +406,8 @@ class HeartbeatRequestManager:
             or (cfg.remote_assignor is not None and sent.server_assignor != cfg.remote_assignor)
         ):
             return None
+        if polled_ms:
+            self._poll_deadline_ms = deadline  # (`stable_poll`'s ``m._now`` is set below)
         # `_send(now_ms, _Kind.REGULAR)`: not off schedule (STABLE), and
         # `m.on_heartbeat_request_generated` only notes the time for a STABLE member
         self._in_flight.append(_in_flight((plain, _Kind.REGULAR, now_ms, m._generation)))

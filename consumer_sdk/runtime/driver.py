@@ -462,7 +462,7 @@ class MemberDriver:
 
     # -- a run ---------------------------------------------------------------------------------
 
-    def run(self, now: int) -> int:
+    def run(self, now: int, polled_ms: int = 0) -> int:
         """Poll the request managers in order (coordinator, metadata, commits, offset
         fetches, heartbeat), hand what each asks for to the transport, and return how long
         (ms) the host may wait before the next run: the smallest of their waits, at most
@@ -476,7 +476,10 @@ class MemberDriver:
         wake-up) and whenever the member is not STABLE. Otherwise (a stable member's timer)
         only the managers whose wait has run out are (the heartbeat's, nearly always), in the
         same order: the others' waits were computed with nothing changed since (Java's
-        ``ConsumerNetworkThread`` keeps the managers' ``maximumTimeToWait`` the same way)."""
+        ``ConsumerNetworkThread`` keeps the managers' ``maximumTimeToWait`` the same way).
+
+        ``polled_ms`` (0: none): a stable member's latest poll, handed over first, as
+        `note_poll` (the heartbeat's lane takes it in with its heartbeat: one core call)."""
         due = self._due
         sm = self._sm
         if not self._poll_all and not self._fetches and sm.state is MemberState.STABLE:
@@ -498,7 +501,7 @@ class MemberDriver:
                     and not core.app_events
                     and self.transport.connection_id(target) == hb_conn
                 ):
-                    beat = core.stable_beat(now)
+                    beat = core.stable_beat(now, polled_ms)
                     if beat is not None:
                         plain, next_ms = beat
                         self.heartbeat_due_ms = now + next_ms
@@ -514,6 +517,8 @@ class MemberDriver:
                         first = others if others < when else when  # `min(due)`
                         return first - now if first < now + _IDLE_MS else _IDLE_MS
                 # Else the same for that manager alone, through its poll.
+                if polled_ms:
+                    self.note_poll(polled_ms)
                 requests, next_ms = self._managers[4].poll(now)
                 for request in requests:
                     self.transport.send(request)
@@ -524,6 +529,8 @@ class MemberDriver:
                 self._quiet_run = True
                 first = others if others < when else when  # `min(due)`
                 return first - now if first < now + _IDLE_MS else _IDLE_MS
+        if polled_ms:
+            self.note_poll(polled_ms)
         if self._fetches:
             self._expire_fetches(now)
         send = self.transport.send

@@ -623,8 +623,9 @@ class MemberNetwork:
             polled = self.polled_ms  # a stable member's poll (about once a second): after
             if polled > self._polled_taken:  # the events queued before it, never older
                 self._polled_taken = polled
-                driver.note_poll(polled)
-            wait_ms = driver.run(now)
+            else:
+                polled = 0
+            wait_ms = driver.run(now, polled)  # (`driver.note_poll(polled)` first)
             if self._commit_waiters or self._fetch_waiters:
                 reaper = self._reaper
                 reaper.reap(now / 1000)

@@ -134,3 +134,62 @@ def test_the_fast_paths_agree_with_the_full_ones() -> None:
     assert checked.fast_polls >= 10 and checked.declined_polls >= 1
     checked.app_poll()  # STALE now: declined (the full path handles it)
     assert checked.state is not MemberState.STABLE
+
+
+class CheckedPolled(Checked):
+    """`Checked` whose heartbeats take the application's poll in with them
+    (`stable_beat(now, polled_ms)`, as the driver's lane does), checked against
+    ``handle(Poll)`` then the full `poll`."""
+
+    polled_beats = 0
+
+    def hb_polled(self) -> HeartbeatRequest | None:
+        core, now = self.core, self.now
+        before = _fields(core, now)
+        twin = _twin(core)
+        twin.handle(Poll(now), now)
+        full = twin.poll(now)
+        beat = core.stable_beat(now, now)
+        if beat is None:
+            assert _fields(core, now) == before  # declined: nothing done
+            if not core.stable_poll(now):  # the driver's `note_poll`, then the full way
+                core.handle(Poll(now), now)
+            return core.poll(now).request
+        self.fast += 1
+        self.polled_beats += 1
+        assert beat == (full.request, full.next_poll_ms)
+        assert _fields(core, now) == _fields(twin, now)
+        return beat[0]
+
+
+def test_a_poll_taken_in_with_the_heartbeat_agrees_with_the_poll_then_the_heartbeat(
+    caplog: Any,
+) -> None:
+    d = CheckedPolled(cfg())
+    d.join_stable({T1: [0, 1]})
+
+    def beat(response: HeartbeatResponse) -> None:
+        d.advance(INTERVAL)
+        req = d.hb_polled()
+        if req is not None:
+            d.advance(3)
+            d.respond(response, req)
+        d.run_all()
+
+    for _ in range(3):
+        beat(ok(1))
+    beat(ok(2))  # a new epoch: declined, then the plain heartbeat again
+    for _ in range(3):
+        beat(ok(2))
+    assert d.polled_beats >= 5
+    # Polled again only after the poll timer ran out: the poll restarts it, and warns once
+    # (the fast path declines: `stable_poll`'s warning comes from the full way).
+    d.advance(d.config.rebalance_timeout_ms + INTERVAL)
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="consumer_sdk.membership"):
+        beat(ok(2))
+    warned = [r for r in caplog.records if "exceeded max.poll.interval.ms" in r.getMessage()]
+    assert len(warned) == 2  # the twin's (the full path's) and the core's own
+    assert d.state is MemberState.STABLE  # the poll came before the expired timer was read
+    beat(ok(2))
+    assert d.state is MemberState.STABLE

@@ -229,6 +229,29 @@ def test_a_replaced_coordinator_connection_makes_the_next_heartbeat_full() -> No
     assert hb.payload.subscribed_topic_names == ("t",)  # every field again
 
 
+def test_a_connection_replaced_during_quiet_beats_makes_the_next_heartbeat_full() -> None:
+    """The heartbeat's lane (a stable member's timer run, only the heartbeat due) sends its
+    plain heartbeat only on the connection the last one was answered on."""
+    d, t = joined()
+    t.take()
+    now, wait = 0, d.run(0)
+    plain = 0
+    for _ in range(4):  # quiet beats: the lane's plain heartbeats
+        now += wait
+        wait = d.run(now)
+        for r in t.take():
+            if r.api is Api.HEARTBEAT:
+                plain += r.payload.subscribed_topic_names is None
+                now += 2
+                wait = d.on_response(now, r, HeartbeatResponse(0, 5, 1000))
+    assert plain >= 3
+    t.conn = ("conn", 2)  # the connection dropped and came back, nothing failed on it
+    now += wait
+    d.run(now)
+    (hb,) = [r for r in t.take() if r.api is Api.HEARTBEAT]
+    assert hb.payload.subscribed_topic_names == ("t",)  # every field again
+
+
 def test_a_disconnected_heartbeat_forgets_the_coordinator_for_every_member() -> None:
     shared = SharedLookups()
     d, t = driver(shared)
@@ -305,13 +328,16 @@ def test_a_stable_members_timer_run_polls_only_the_managers_due() -> None:
     assert [r.api for r in t.take()] == [Api.OFFSET_COMMIT]
 
 
-def _fast_path_trace(fast: bool, ending: str) -> tuple[list[Any], int]:
+def _fast_path_trace(fast: bool, ending: str, polled: bool = False) -> tuple[list[Any], int]:
     """A stable member through quiet beats and everything that must leave them (a new epoch,
     a new interval, a pending commit, a commit refused as stale, a subscription change, then
     the ``ending``: a fencing error or an expired poll timer), answered the same way; with
     ``fast`` False the core's fast paths are
     switched off (its full `poll` and `on_heartbeat_response` every time). Returns what the
-    host sees at each step, and how many heartbeats the fast paths handled."""
+    host sees at each step, and how many heartbeats the fast paths handled. ``polled``: the
+    application's polls reach the driver as the runtime's do (`MemberDriver.run`'s
+    ``polled_ms``, which the heartbeat's lane takes in with its heartbeat) instead of as
+    `Poll` events; with ``fast`` False, `stable_poll` is switched off too."""
     d, t = joined()
     t.take()
     core = d.core
@@ -319,8 +345,8 @@ def _fast_path_trace(fast: bool, ending: str) -> tuple[list[Any], int]:
     if fast:
         beat, answer = core.stable_beat, core.quiet_answer
 
-        def counted_beat(now: int) -> Any:
-            result = beat(now)
+        def counted_beat(now: int, polled_ms: int = 0) -> Any:
+            result = beat(now, polled_ms)
             taken[0] += result is not None
             return result
 
@@ -331,8 +357,10 @@ def _fast_path_trace(fast: bool, ending: str) -> tuple[list[Any], int]:
 
         core.stable_beat, core.quiet_answer = counted_beat, counted_answer
     else:
-        core.stable_beat = lambda now: None
+        core.stable_beat = lambda now, polled_ms=0: None
         core.quiet_answer = lambda now, response, request: None
+        if polled:
+            core.stable_poll = lambda now: False
     trace: list[Any] = []
     snap = [d.snapshot()]
     now = 0
@@ -355,6 +383,7 @@ def _fast_path_trace(fast: bool, ending: str) -> tuple[list[Any], int]:
                 core.published(),
                 [m for m in core.drain_background_events() if not isinstance(m, Poll)],
                 [(type(e).__name__, getattr(e, "result", None)) for e in d.outbox],
+                core._heartbeat._poll_deadline_ms,
                 {k: v for k, v in metrics.items() if k.startswith(("heartbeat", "last-heart"))},
             )
         )
@@ -373,9 +402,12 @@ def _fast_path_trace(fast: bool, ending: str) -> tuple[list[Any], int]:
             d.commit(now, {("t", 0): Off(beat_no)}, CommitKind.SYNC, epoch=epoch)
         if beat_no == 19 and ending == "expire":  # no poll for max.poll.interval.ms
             now += 400_000
+            wait = d.run(now)
+        elif polled:
+            wait = d.run(now, now)  # the application polled between beats
         else:
             d.submit(Poll(now))  # the application polls between beats
-        wait = d.run(now)
+            wait = d.run(now)
         step(f"run {beat_no}", wait)
         sent = t.take()
         if beat_no >= 15 and sent and not subscribed:  # while the heartbeat is in flight
@@ -416,3 +448,11 @@ def test_the_stable_heartbeat_fast_path_changes_nothing_the_host_sees() -> None:
         assert len(fast) == len(full)
         for got, want in zip(fast, full, strict=True):
             assert got == want
+        # The polls as the runtime hands them over, taken in by the lane with the heartbeat:
+        # the same steps as the full path's `Poll` events.
+        lane, taken = _fast_path_trace(True, ending, polled=True)
+        full_polled, _ = _fast_path_trace(False, ending, polled=True)
+        assert taken >= 10
+        assert len(lane) == len(full) == len(full_polled)
+        for got, want, polls in zip(lane, full, full_polled, strict=True):
+            assert got == want == polls
