@@ -488,8 +488,20 @@ class MuxConnection:
                     )
                 )
                 return
+            call = waiter.call
+            if type(call) is HeartbeatCall:
+                # A plain answer seen before: `call.decode`'s cache lookup, inline (once per
+                # heartbeat; ``cid`` is the frame's own, so its check there holds).
+                cache = _HB_DECODED.get(call._version)
+                known = None if cache is None else cache.get(frame[4:])
+                if known is not None:
+                    try:
+                        waiter.done(known, None)
+                    except Exception:  # one member's bug must not break the shared connection
+                        log.exception("request completion callback failed")
+                    continue
             try:
-                result = waiter.call.decode(frame, cid)
+                result = call.decode(frame, cid)
             except ProtocolError as exc:
                 _complete(waiter, None, exc)
                 self.close(exc)
