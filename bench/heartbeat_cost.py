@@ -198,7 +198,7 @@ def run(
     sizes: list[int] | None = None,
 ) -> dict[str, Any]:
     window = 5.0 if quick else WINDOW_S
-    rows = []
+    rows: list[dict[str, Any]] = []
     for runtime in runtimes:
         if sizes is not None:
             chosen = sizes
