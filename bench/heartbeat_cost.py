@@ -23,6 +23,7 @@ import functools
 import resource
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any
 
 WINDOW_S = 10.0
@@ -134,6 +135,15 @@ class _NetworkMember:
         return self.left
 
 
+def close_group(group: Sequence[Any]) -> None:
+    """Close every member at once and wait up to 30 s for all of them."""
+    for m in group:
+        m.start_close()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not all(m.closed() for m in group):
+        time.sleep(0.05)
+
+
 def measure(members: int, window_s: float = WINDOW_S, runtime: str = "loop") -> dict[str, Any]:
     from consumer_sdk.testing import EmbeddedKafka
 
@@ -170,11 +180,7 @@ def measure(members: int, window_s: float = WINDOW_S, runtime: str = "loop") -> 
             beats = sum(m.heartbeats() for m in group) - hb0
             stable = sum(m.stable() for m in group)
         finally:
-            for m in group:
-                m.start_close()
-            close_deadline = time.monotonic() + 30
-            while time.monotonic() < close_deadline and not all(m.closed() for m in group):
-                time.sleep(0.05)
+            close_group(group)
     return {
         "runtime": runtime,
         "members": members,

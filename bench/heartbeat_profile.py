@@ -22,7 +22,7 @@ import time
 from types import CodeType, FrameType
 from typing import Any
 
-from bench.heartbeat_cost import POLL_EVERY_S, _FacadeMember
+from bench.heartbeat_cost import POLL_EVERY_S, _FacadeMember, close_group
 
 Tracer = Any  # sys.settrace's callback (typeshed types it loosely)
 
@@ -113,11 +113,7 @@ def measure(members: int = 100, window_s: float = 8.0, settle_s: float = 5.0) ->
             off.wait()
             beats = sum(m.heartbeats() for m in group) - beats0
         finally:
-            for m in group:
-                m.start_close()
-            close_deadline = time.monotonic() + 30
-            while time.monotonic() < close_deadline and not all(m.closed() for m in group):
-                time.sleep(0.05)
+            close_group(group)
 
     def per_beat(
         ops: collections.Counter[CodeType], calls: collections.Counter[CodeType]
