@@ -391,6 +391,28 @@ def _plot(conv: dict[str, Any], thr: dict[str, Any]) -> list[str]:
     return ["img/convergence.png", "img/throughput.png"]
 
 
+#: The sections a full mock run measures (``--only`` re-measures one of them).
+_SECTIONS = ("convergence", "throughput", "heartbeat", "aio", "simulation", "assignors", "spark")
+
+
+def _last_runs(runs: dict[str, Any], skip: str) -> str:
+    """When each section but ``skip`` was last measured, for the header of an ``--only`` run."""
+    parts = []
+    for section in _SECTIONS:
+        if section == skip:
+            continue
+        run = runs.get(section)
+        if run is None:
+            parts.append(f"{section} by an earlier run")
+        else:
+            load = " / ".join(f"{x:.1f}" for x in run["load_at_end"])
+            parts.append(
+                f"{section} {run['utc']} UTC (`{run['command']}`, {run['minutes']} min, "
+                f"load at the end {load})"
+            )
+    return "; ".join(parts)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true")
@@ -465,13 +487,29 @@ def main(argv: list[str] | None = None) -> int:
                 spark = spark_source.run(args.quick)
             except Exception as exc:  # recorded, not hidden
                 spark = {"error": f"{type(exc).__name__}: {exc}"}
-    # Sections this run does not measure (e.g. `--broker real`'s "real_vs_mock") are kept.
+    wall = time.monotonic() - started
+    load = os.getloadavg()
+    command = f"python -m bench{' --quick' if args.quick else ''}" + (
+        f" --only {args.only}" if args.only else ""
+    )
+    # Sections this run does not measure (e.g. `--broker real`'s "real_vs_mock") are kept,
+    # and so is when each section was last measured ("runs").
     json_path = DOCS / "benchmarks.json"
     kept = json.loads(json_path.read_text()) if json_path.exists() else {}
+    runs: dict[str, Any] = dict(kept.get("runs", {}))
+    stamp = {
+        "utc": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M"),
+        "command": command,
+        "minutes": round(wall / 60, 1),
+        "load_at_end": [round(x, 1) for x in load],
+    }
+    for section in [args.only] if args.only else _SECTIONS:
+        runs[section] = stamp
     (DOCS / "benchmarks.json").write_text(
         json.dumps(
             {
                 **kept,
+                "runs": runs,
                 "convergence": conv,
                 "throughput": thr,
                 "heartbeat": hb,
@@ -485,14 +523,11 @@ def main(argv: list[str] | None = None) -> int:
         )
     )
     images = _plot(conv, thr)
-    wall = time.monotonic() - started
-    load = os.getloadavg()
 
     lines = [
         "# Benchmarks",
         "",
-        f"<!-- written by `python -m bench{' --quick' if args.quick else ''}"
-        f"{' --only ' + args.only if args.only else ''}`; do not edit -->",
+        f"<!-- written by `{command}`; do not edit -->",
         "",
         f"Run {datetime.date.today().isoformat()} on {_machine()}; {_versions()}. "
         f"Whole run: {wall / 60:.1f} min{' (quick variant)' if args.quick else ''}; load "
@@ -501,7 +536,15 @@ def main(argv: list[str] | None = None) -> int:
             [
                 "",
                 f"This run re-measured only the {args.only} section (`--only {args.only}`); the "
-                "other sections are from the previous full run, kept in `benchmarks.json`.",
+                "other sections are as last measured (kept in `benchmarks.json`): "
+                + _last_runs(runs, args.only)
+                + (
+                    "; the real-broker section by `python -m bench --broker real` (its own "
+                    "header below)"
+                    if "real_vs_mock" in kept
+                    else ""
+                )
+                + ".",
             ]
             if args.only
             else []
