@@ -661,15 +661,17 @@ class MemberNetwork:
         self._timer = self._loop.call_at(due, self._run)
 
     def _publish(self) -> None:
-        """Publish the snapshot, then hand the application what the driver has for it."""
+        """Publish the snapshot, then hand the application what the driver has for it, if
+        anything (`_run` and `_on_outcome` write this out inline)."""
         driver = self._driver
         self._snapshot = snap = driver.snapshot(self._taken, self._commits_taken, self._snapshot)
-        self._hand_over(snap)
+        if snap.state is not MemberState.STABLE or driver.outbox or self._core_events:
+            self._hand_over(snap)
 
     def _hand_over(self, snap: MemberSnapshot) -> None:
         """After publishing ``snap``: what the driver and the core have for the application
-        (`_run` and `_on_outcome` call it only when there is something: a state other than
-        STABLE, the driver's outbox or the core's background events)."""
+        (called by `_publish` and its inline copies only when there is something: a state
+        other than STABLE, the driver's outbox or the core's background events)."""
         driver = self._driver
         if snap.state is not MemberState.STABLE:
             self.poll_note_due = 0.0  # every poll of a rebalance counts (see note_poll)
