@@ -796,10 +796,10 @@ def render(result: dict[str, Any]) -> list[str]:
         "",
         "What the throughput figures are made of (per-thread CPU and run-queue time from "
         "`/proc/self/task/*/schedstat`, and the SDK's waits counted, measured apart from these "
-        "tables at load 6-8): read from the mock broker as it delivers, a 200,000-record "
+        "tables at load 6): read from the mock broker as it delivers, a 200,000-record "
         "`consume(500)` read took 1.3-1.5 s; the event loop's thread used 0.23-0.27 s of CPU and "
-        "librdkafka's broker thread 0.21-0.22 s, and the loop waited for records 1.6 s (the join "
-        "included), 1.1 s of it in 370-430 waits for a short queue to fill (fewer than 500 "
+        "librdkafka's broker thread 0.21-0.22 s, and the loop waited for records 1.6-1.7 s (the "
+        "join included), 1.1 s of it in 370-430 waits for a short queue to fill (fewer than 500 "
         "records queued); confluent-kafka's AIOConsumer: its pool threads 0.23-0.28 s, its event "
         "loop 0.10-0.12 s, librdkafka's broker thread 0.19-0.29 s. No batch waits for the "
         "application: librdkafka fetches ahead on its own thread (up to `queued.min.messages`) "
