@@ -75,15 +75,17 @@ def _noop_source() -> Any:
     from spark_integration import kafka_schema
 
     class NoopReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # type: ignore[misc]
-        def __init__(self, rows: int, batches: int, tasks: int) -> None:
-            self.rows, self.batches, self.target = rows, batches, rows * batches
-            self.tasks = tasks
+        def __init__(self, rows: int, batches: int, tasks: int, total: int) -> None:
+            # ``total`` (when > 0) caps the rows: the last batch may be partial, as a
+            # Kafka topic's last micro-batch under maxOffsetsPerTrigger is.
+            self.rows, self.batches, self.tasks = rows, batches, tasks
+            self.target = total if total > 0 else rows * batches
 
         def initialOffset(self) -> dict[str, int]:
             return {"n": 0}
 
         def prepareForTriggerAvailableNow(self) -> None:
-            self.target = self.rows * self.batches
+            pass
 
         def latestOffset(self, start: dict[str, int], limit: Any) -> dict[str, int]:
             return {"n": min(start["n"] + self.rows, self.target)}
@@ -101,15 +103,16 @@ def _noop_source() -> Any:
             lo, hi = partition.value
             n = hi - lo
             schema = arrow_schema(False)
+            # Columns built in C (no per-row Python), so the rows cost Spark only.
             yield pa.RecordBatch.from_arrays(
                 [
-                    pa.array([b"k"] * n, pa.binary()),
-                    pa.array([VALUE] * n, pa.binary()),
-                    pa.array(["noop"] * n, pa.string()),
-                    pa.array([0] * n, pa.int32()),
+                    pa.repeat(pa.scalar(b"k", pa.binary()), n),
+                    pa.repeat(pa.scalar(VALUE, pa.binary()), n),
+                    pa.repeat(pa.scalar("noop", pa.string()), n),
+                    pa.repeat(pa.scalar(0, pa.int32()), n),
                     pa.array(range(lo, hi), pa.int64()),
-                    pa.array([0] * n, pa.timestamp("us", tz="UTC")),
-                    pa.array([0] * n, pa.int32()),
+                    pa.repeat(pa.scalar(0, pa.timestamp("us", tz="UTC")), n),
+                    pa.repeat(pa.scalar(0, pa.int32()), n),
                 ],
                 schema=schema,
             )
@@ -127,6 +130,7 @@ def _noop_source() -> Any:
                 int(self.options["rows"]),
                 int(self.options["batches"]),
                 int(self.options.get("tasks", 1)),
+                int(self.options.get("total", 0)),
             )
 
     return NoopSource
@@ -185,7 +189,7 @@ def _positions(directory: Path, before: dict[str, int]) -> dict[str, int]:
 
 
 def _noop_query(
-    spark: Any, rows: int, batches: int, workdir: Path, tasks: int = 1
+    spark: Any, rows: int, batches: int, workdir: Path, tasks: int = 1, total: int = 0
 ) -> tuple[float, float, list[dict[str, Any]]]:
     """(wall seconds, wall-clock start, progress of the batches with rows)."""
     t0, started = time.time(), time.perf_counter()
@@ -194,6 +198,7 @@ def _noop_query(
         .option("rows", rows)
         .option("batches", batches)
         .option("tasks", tasks)
+        .option("total", total)
         .load()
         .writeStream.format("noop")
         .option("checkpointLocation", str(workdir / "noop1"))
@@ -682,9 +687,28 @@ def run_real(quick: bool = False) -> dict[str, Any]:
             big_parts_runs: list[tuple[float, float, float, float]] = []
             beyond_runs: list[dict[str, float]] = []
             ranges: dict[str, int] = {}
+            # The no-op source in the query's shape (the same rows per trigger, triggers and
+            # tasks, its columns built in C, no I/O): what Spark's Python streaming path
+            # alone costs for these rows, run beside each pair.
+            bound_runs: list[tuple[float, float]] = []  # wall, addBatch
             for i in range(THROUGHPUT_PAIRS):
                 # ABBA order, as for the fixed cost: each pair ran back to back.
-                for kind in ("job", "query") if i % 2 == 0 else ("query", "job"):
+                order = ("job", "query", "bound") if i % 2 == 0 else ("bound", "query", "job")
+                for kind in order:
+                    if kind == "bound":
+                        _step("no-op source in the query's shape")
+                        b_wall, _, b_progress = _noop_query(
+                            spark,
+                            500_000,
+                            -(-records // 500_000),
+                            workdir / f"noop-shape-{i}",
+                            REAL_PARTITIONS,
+                            records,
+                        )
+                        assert sum(p["numInputRows"] for p in b_progress) == records
+                        b_add = sum(p["durationMs"].get("addBatch", 0) for p in b_progress)
+                        bound_runs.append((b_wall, b_add / 1000))
+                        continue
                     if kind == "job":
                         _step("hand-written mapInArrow job")
                         started = time.perf_counter()
@@ -794,6 +818,15 @@ def run_real(quick: bool = False) -> dict[str, Any]:
     out["ratio kip848 / mapInArrow, by summed addBatch (speed), median of the pairs"] = round(
         statistics.median(by_add), 2
     )
+    bound_wall = sorted(j / b[0] for j, b in zip(job_runs, bound_runs, strict=True))
+    bound_add = sorted(j / b[1] for j, b in zip(job_runs, bound_runs, strict=True))
+    out[f"no-op source in the query's shape (no I/O): wall s / summed addBatch s, {n} runs"] = (
+        ", ".join(f"{b[0]:.2f} / {b[1]:.2f}" for b in bound_runs)
+    )
+    out[
+        "ceiling for any Python streaming source: no-op source in the query's shape / "
+        "mapInArrow, by wall time / by summed addBatch (speed), median of the pairs"
+    ] = f"{statistics.median(bound_wall):.2f} / {statistics.median(bound_add):.2f}"
     out["ratio kip848 / direct, by summed addBatch (speed), median query"] = round(
         direct_s / add_s, 2
     )
