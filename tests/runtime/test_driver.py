@@ -177,6 +177,33 @@ def test_members_of_one_group_share_one_coordinator_lookup() -> None:
     assert hb.api is Api.HEARTBEAT and hb.coordinator == COORD
 
 
+def test_the_coordinator_is_found_before_subscribe_so_the_join_goes_at_once() -> None:
+    # As librdkafka and the Java client: the lookup is made from the start, so subscribe()
+    # sends the join heartbeat in its first run instead of a FindCoordinator first.
+    d, t = driver()
+    d.run(0)
+    (find,) = t.take()
+    assert find.api is Api.FIND_COORDINATOR and find.payload == "g"
+    d.on_response(3, find, COORD)
+    d.run(3)
+    assert t.take() == []  # no heartbeat while not subscribed
+    subscribe(d, 10)
+    (join,) = t.take()
+    assert join.api is Api.HEARTBEAT and join.coordinator == COORD
+    assert join.payload.member_epoch == 0
+
+
+def test_a_closed_member_does_not_look_its_coordinator_up() -> None:
+    d, t = driver()
+    d.submit(Close())
+    d.run(0)  # (the lookup ahead may go before the run takes the Close in)
+    assert d.core.state is MemberState.UNSUBSCRIBED
+    for find in t.take():
+        d.on_failure(1, find, Failure(FailureKind.DISCONNECTED, "gone", -195))
+    d.run(5_000)  # past any backoff
+    assert t.take() == []
+
+
 def test_failed_lookups_are_reported_once_with_the_boundarys_code() -> None:
     d, t = driver()
     subscribe(d, 0)
