@@ -4,6 +4,7 @@ time; the runtime runs the same driver over real connections in the other tests 
 
 from __future__ import annotations
 
+import itertools
 import random
 from collections.abc import Hashable
 from dataclasses import dataclass
@@ -483,3 +484,39 @@ def test_the_stable_heartbeat_fast_path_changes_nothing_the_host_sees() -> None:
         assert len(lane) == len(full) == len(full_polled)
         for got, want, polls in zip(lane, full, full_polled, strict=True):
             assert got == want == polls
+
+
+def test_a_coordinator_refusing_heartbeats_is_retried_at_the_lookups_pace() -> None:
+    """A new coordinator answers NOT_COORDINATOR while it takes the group over. As the Java
+    client: each refusal looks the coordinator up again, at most one lookup every
+    retry.backoff.ms (100 ms here), and the heartbeat goes as soon as it is found; the
+    retries do not back off exponentially (they did: 0, 100, 200, 400, 800 ms, which left
+    the member up to that long behind a coordinator that had become ready)."""
+    d, t = joined()
+    t.take()
+    now = 5_000
+    d.run(now)
+    (hb,) = [r for r in t.take() if r.api is Api.HEARTBEAT]
+    sent = [now]
+    lookups = []
+    while len(sent) < 7:
+        assert now < 10_000, f"heartbeats sent at {sent}"
+        now += 2
+        d.on_response(now, hb, HeartbeatResponse(E.NOT_COORDINATOR, 5, 1000))
+        while True:
+            wait = d.run(now)
+            out = t.take()
+            for find in [r for r in out if r.api is Api.FIND_COORDINATOR]:
+                lookups.append(now)
+                now += 2
+                d.on_response(now, find, COORD)
+            beats = [r for r in out if r.api is Api.HEARTBEAT]
+            if beats:
+                (hb,) = beats
+                sent.append(now)
+                break
+            if not out:
+                now += max(wait, 1)
+    gaps = [b - a for a, b in itertools.pairwise(sent)]
+    assert all(gap <= 110 for gap in gaps), gaps
+    assert all(b - a >= 100 for a, b in itertools.pairwise(lookups)), lookups
