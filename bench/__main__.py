@@ -259,9 +259,10 @@ def _render_real(
         "real cluster the failover also waits for the broker to move `__consumer_offsets` "
         "leadership and load the group: members see NOT_COORDINATOR (and then the new "
         "coordinator still loading) for a few hundred ms; the SDK looks the coordinator up "
-        "again and retries at once the first time, with backoff after that, as librdkafka "
-        "does. A member that joined during the move gets its partitions from its first "
-        "heartbeat after the others released them, up to one interval later, for either "
+        "again (at most once every retry.backoff.ms) and retries as soon as it is found, as "
+        "the Java client does, and backs off from a coordinator still loading. A member that "
+        "joined during the move gets its partitions from its first heartbeat after the others "
+        "released them, up to one interval later, for either "
         "client.",
     ]
     lines += ["", "Every run of each case (convergence in seconds; in run order):", ""]

@@ -231,6 +231,20 @@ def run_scenarios(
         g.close_all()
 
 
+def bootstrap_ratio_ci(
+    sdk: list[float], ck: list[float], rounds: int = 2000, seed: int = 0
+) -> tuple[float, float]:
+    """95 % interval of mean(sdk) / mean(ck) over pairs resampled with replacement."""
+    rng = random.Random(seed)
+    n = len(sdk)
+    ratios = []
+    for _ in range(rounds):
+        picks = [rng.randrange(n) for _ in range(n)]
+        ratios.append(sum(sdk[i] for i in picks) / sum(ck[i] for i in picks))
+    ratios.sort()
+    return ratios[int(0.025 * rounds)], ratios[int(0.975 * rounds) - 1]
+
+
 HEARTBEAT_MS, SESSION_MS = 500, 3000
 SCENARIOS = ("scale_out", "scale_in", "crash", "failover")
 
@@ -276,6 +290,7 @@ def run(quick: bool = False, kafka: Any = None, repeats: int | None = None) -> d
         # samples jumps between clusters, the mean does not. Both ratios are reported; the
         # ratio of the means is the one compared with the goal.
         pairs = [a / b for a, b in zip(sdk_all, ck_all, strict=True)]
+        diffs = [a - b for a, b in zip(sdk_all, ck_all, strict=True)]
         summary["scenarios"][name] = {
             "sdk_s": sdk,
             "confluent_s": ck,
@@ -286,6 +301,14 @@ def run(quick: bool = False, kafka: Any = None, repeats: int | None = None) -> d
             "ratios": pairs,
             "sdk_all": sdk_all,
             "confluent_all": ck_all,
+            # How far the goal figure can move by the draw of phases alone: a 95 % bootstrap
+            # interval of the ratio of the means over the pairs, and the pairs' mean
+            # difference (s) with its standard error.
+            "ratio_ci95": bootstrap_ratio_ci(sdk_all, ck_all),
+            "mean_diff_s": statistics.mean(diffs),
+            "mean_diff_se_s": (
+                statistics.stdev(diffs) / len(diffs) ** 0.5 if len(diffs) > 1 else float("nan")
+            ),
         }
     return summary
 
@@ -295,5 +318,7 @@ if __name__ == "__main__":
     for name, row in out["scenarios"].items():
         print(
             f"{name:<10} sdk {row['sdk_s']:.3f}s  confluent {row['confluent_s']:.3f}s  "
-            f"ratio {row['ratio']:.2f}"
+            f"ratio {row['ratio']:.2f} (95 % {row['ratio_ci95'][0]:.2f}-"
+            f"{row['ratio_ci95'][1]:.2f}; sdk - confluent {row['mean_diff_s'] * 1000:+.0f} "
+            f"+- {row['mean_diff_se_s'] * 1000:.0f} ms)"
         )

@@ -35,6 +35,7 @@ import argparse
 import contextlib
 import json
 import logging
+import random
 import re
 import statistics
 import subprocess
@@ -55,8 +56,12 @@ HEARTBEAT_MS, SESSION_MS = 500, 3000
 # -- member process ---------------------------------------------------------------------------
 
 
-def _member(kind: str, bootstrap: str, group: str, topic: str, log_file: str) -> None:
-    """One member; JSON lines on stdout: ready, owned, and (SDK) hb / fc trace events."""
+def _member(
+    kind: str, bootstrap: str, group: str, topic: str, log_file: str, sync: str = ""
+) -> None:
+    """One member; JSON lines on stdout: constructed, ready, owned, and (SDK) hb / fc trace
+    events. ``sync``: subscribe only on a "subscribe" line from stdin (as the convergence
+    benchmark's members do: members started together subscribe together), else at once."""
     lock = threading.Lock()
 
     def emit(event: dict[str, Any]) -> None:
@@ -114,6 +119,10 @@ def _member(kind: str, bootstrap: str, group: str, topic: str, log_file: str) ->
         consumer = confluent_kafka.Consumer(
             {**conf, "group.protocol": "consumer", "debug": "cgrp,consumer"}
         )
+    emit({"ev": "constructed"})
+    if sync and sys.stdin.readline().strip() != "subscribe":
+        consumer.close()
+        return
     consumer.subscribe([topic], on_assign=on_assign, on_revoke=on_revoke, on_lost=on_revoke)
     emit({"ev": "ready"})
     stop = threading.Event()
@@ -184,6 +193,7 @@ class _Proc:
     events: list[dict[str, Any]] = field(default_factory=list)
     owned: set[int] = field(default_factory=set)
     ready: threading.Event = field(default_factory=threading.Event)
+    constructed: threading.Event = field(default_factory=threading.Event)
 
 
 class _Run:
@@ -195,7 +205,8 @@ class _Run:
         self.lock = threading.Lock()
         kafka.create_topic(self.topic, partitions=partitions)
 
-    def spawn(self, n: int, sdk_logs: bool) -> list[_Proc]:
+    def spawn(self, n: int, sdk_logs: bool, sync: bool = False) -> list[_Proc]:
+        """``n`` member processes; with ``sync`` they wait for `subscribe`."""
         new = []
         for _ in range(n):
             i = len(self.procs)
@@ -213,6 +224,7 @@ class _Run:
                         self.group,
                         self.topic,
                         log_file,
+                        "sync" if sync else "",
                     ],
                     stdin=subprocess.PIPE,
                     stdout=subprocess.PIPE,
@@ -234,8 +246,20 @@ class _Run:
                 proc.events.append(event)
                 if event["ev"] == "ready":
                     proc.ready.set()
+                elif event["ev"] == "constructed":
+                    proc.constructed.set()
                 elif event["ev"] == "owned":
                     proc.owned = set(event["owned"])
+
+    def subscribe(self, procs: list[_Proc]) -> None:
+        """Subscribe members spawned with ``sync``, once all are constructed, at once."""
+        for p in procs:
+            if not p.constructed.wait(60):
+                raise TimeoutError("a member process did not start")
+        for p in procs:
+            assert p.popen.stdin is not None
+            p.popen.stdin.write("subscribe\n")
+            p.popen.stdin.flush()
 
     def converged(self) -> bool:
         with self.lock:
@@ -342,6 +366,16 @@ def _phases(run: _Run, t0: float, old_node: int, joiner: _Proc, t_conv: float) -
         e["at"] for e in timelines[run.procs.index(joiner)] if e["ev"] == "hb" and e.get("err") == 0
     ]
     joined_ms = ms(joined)
+    # The new member's subscribe() and its join heartbeat (the first one sent after it).
+    subscribed = ms(next((e["at"] for e in joiner.events if e["ev"] == "ready"), None))
+    join_sent = min(
+        (
+            e["sent"]
+            for e in timelines[run.procs.index(joiner)]
+            if e["ev"] == "hb" and subscribed is not None and e["sent"] >= subscribed
+        ),
+        default=None,
+    )
     before = [a for a in answers if joined_ms is not None and a <= joined_ms]
     callback = round(joined_ms - before[-1], 1) if joined_ms is not None and before else None
     return {
@@ -349,6 +383,8 @@ def _phases(run: _Run, t0: float, old_node: int, joiner: _Proc, t_conv: float) -
         "fc": fc_ok,
         "hb": hb_ok,
         "join": ms(joined),
+        "subscribed": subscribed,
+        "join_sent": join_sent,
         "conv": ms(t_conv),
         "callback": callback,
         "gap": gaps,
@@ -368,8 +404,11 @@ def run_once(
     workdir: Path,
     sdk_logs: bool,
     fault: str = "stop",
+    join_after: float | None = None,
 ) -> dict[str, Any]:
-    """The failover step once for ``kind``; the stopped node is started again after."""
+    """The failover step once for ``kind``; the stopped node is started again after.
+    ``join_after`` (s): the new member subscribes that long after the fault begins (the
+    convergence benchmark's step), else (None) as it begins."""
     run = _Run(kind, kafka, partitions, workdir)
     try:
         first = run.spawn(members, sdk_logs)
@@ -379,13 +418,18 @@ def run_once(
         run.wait_converged()
         settle()
         old = kafka.coordinator_for(run.group)
-        (joiner,) = run.spawn(1, sdk_logs)
-        if not joiner.ready.wait(60):
+        (joiner,) = run.spawn(1, sdk_logs, sync=join_after is not None)
+        if join_after is None and not joiner.ready.wait(60):
+            raise TimeoutError("the new member did not start")
+        if join_after is not None and not joiner.constructed.wait(60):
             raise TimeoutError("the new member did not start")
         t0 = time.time()
         action = kafka.stop_node if fault == "stop" else kafka.kill_node
         stopper = threading.Thread(target=action, args=(old,), daemon=True)
         stopper.start()
+        if join_after is not None:  # bench/convergence.py's shape: a moment after the fault
+            time.sleep(max(t0 + join_after - time.time(), 0.0))
+            run.subscribe([joiner])
         t_conv = run.wait_converged()
         time.sleep(1.0)  # late events (answers in flight)
         out = _phases(run, t0, old, joiner, t_conv)
@@ -407,6 +451,7 @@ def _span(values: list[float]) -> str:
 def _line(kind: str, r: dict[str, Any]) -> str:
     return (
         f"{kind:<9} conv {r['conv']:7.0f}  join {r['join'] or -1:7.0f}"
+        f"  (subscribed {r['subscribed']}, join sent {r['join_sent']})"
         f"  err {_span(r['err']):>11}"
         f"  fc {_span(r['fc']):>11} ({r['fc_errors']} err)  hb {_span(r['hb']):>11}"
         f"  ({r['load_retries']} load)  found->sent {_span(r['gap'])}  cb {r['callback']}"
@@ -417,7 +462,7 @@ def _line(kind: str, r: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args and args[0] == "member":
-        _member(*args[1:6])
+        _member(*args[1:7])
         return 0
     parser = argparse.ArgumentParser(prog="python -m bench.failover_phases")
     parser.add_argument("--pairs", type=int, default=5)
@@ -429,6 +474,13 @@ def main(argv: list[str] | None = None) -> int:
         choices=("stop", "kill"),
         default="stop",
         help="the coordinator's node: controlled shutdown (the benchmark's) or SIGKILL",
+    )
+    parser.add_argument(
+        "--join",
+        choices=("fault", "random"),
+        default="fault",
+        help="the new member subscribes as the fault begins, or (as bench/convergence.py "
+        "does) at a random moment of the heartbeat interval after it, the same in a pair",
     )
     parser.add_argument("--sdk-logs", action="store_true", help="SDK members log at DEBUG")
     parser.add_argument("--workdir", help="keep the members' logs here")
@@ -442,12 +494,23 @@ def main(argv: list[str] | None = None) -> int:
     with KafkaCluster(
         nodes=3, heartbeat_interval_ms=HEARTBEAT_MS, session_timeout_ms=SESSION_MS
     ) as kafka:
+        rng = random.Random(0)
         for i in range(ns.pairs):
             kinds = ("sdk", "confluent") if i % 2 == 0 else ("confluent", "sdk")
+            join_after = rng.uniform(0.0, HEARTBEAT_MS / 1000) if ns.join == "random" else None
             for kind in kinds:
                 if ns.only and kind != ns.only:
                     continue
-                r = run_once(kind, kafka, ns.members, ns.partitions, workdir, ns.sdk_logs, ns.fault)
+                r = run_once(
+                    kind,
+                    kafka,
+                    ns.members,
+                    ns.partitions,
+                    workdir,
+                    ns.sdk_logs,
+                    ns.fault,
+                    join_after,
+                )
                 results[kind].append(r)
                 print(_line(kind, r), flush=True)
     print(f"logs: {workdir}")

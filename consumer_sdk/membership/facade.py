@@ -169,6 +169,11 @@ class GroupMembership:
         return self._manager.fatal_error
 
     @property
+    def closed(self) -> bool:
+        """`Close` was taken in: the member is leaving or has left for good."""
+        return self._manager.closed
+
+    @property
     def leave_in_progress(self) -> bool:
         return self._manager.leave_in_progress
 

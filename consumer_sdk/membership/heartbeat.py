@@ -105,9 +105,12 @@ class HeartbeatTiming:
         self._timer_deadline_ms: int | None = None  # None: expired
         self._last_received_ms: int | None = None
         self._attempts = 0
+        # Failures since the episode began or a failure retried without backoff: the
+        # exponent of the next backoff.
+        self._exponent = 0
         self._backoff_ms = 0
         self._last_failed = False
-        self._first_immediate = False  # the episode's first failure was retried at once
+        self._first_immediate = False  # the last failure was retried without backoff
 
     @property
     def failed_attempts(self) -> int:
@@ -124,19 +127,28 @@ class HeartbeatTiming:
         self._last_failed = False
         self._first_immediate = False
 
-    def on_failure(self, now_ms: int, *, immediate_first: bool = False) -> None:
+    def on_failure(
+        self, now_ms: int, *, immediate_first: bool = False, skip_backoff: bool = False
+    ) -> None:
         """Back off; the interval no longer applies (retry as soon as the backoff allows).
 
         ``immediate_first``: the first failure of an episode is retried without backoff (a
-        coordinator that moved: the retry goes to the one found again, as librdkafka and the
-        Java client do); repeated failures back off exponentially from retry.backoff.ms."""
+        dropped connection: the retry goes to the coordinator found again); repeated failures
+        back off exponentially from retry.backoff.ms. ``skip_backoff``: retried without
+        backoff, and the exponent starts again (NOT_COORDINATOR, COORDINATOR_NOT_AVAILABLE:
+        the Java client resets its heartbeat's request state; the coordinator lookup that
+        comes first is what paces the retries, see `CoordinatorManager`)."""
         self._last_received_ms = now_ms
-        if immediate_first and self._attempts == 0:
+        if self._attempts == 0:  # a new episode (every success resets the attempts)
+            self._exponent = 0
+        if skip_backoff or (immediate_first and self._attempts == 0):
             self._backoff_ms = 0
+            self._exponent = 0
             self._first_immediate = True
         else:
-            skipped = 1 if self._first_immediate else 0
-            self._backoff_ms = self._backoff.backoff_ms(self._attempts - skipped)
+            self._backoff_ms = self._backoff.backoff_ms(self._exponent)
+            self._exponent += 1
+            self._first_immediate = False
         self._attempts += 1
         self._last_failed = True
         self._timer_deadline_ms = None
@@ -759,17 +771,18 @@ class HeartbeatRequestManager:
         detail = response.error_message or ""
         self._sent = _SentFields()
         moved = code in (E.NOT_COORDINATOR, E.COORDINATOR_NOT_AVAILABLE)
-        self._timing.on_failure(now_ms, immediate_first=moved)
+        self._timing.on_failure(now_ms, skip_backoff=moved)
 
         if moved:
-            # Rediscover, then retry: the first time at once (the coordinator usually moved
-            # and the one found again answers), after that with exponential backoff and
-            # jitter: while __consumer_offsets loads, FindCoordinator keeps naming the same
-            # broker, and immediate retries would hammer it. Logged once per episode.
+            # Rediscover, then retry as soon as the coordinator is found, without backoff (as
+            # the Java client does): while a new coordinator takes the group over it refuses
+            # with NOT_COORDINATOR, and the lookup before each retry, one at most every
+            # retry.backoff.ms, paces them (an exponential backoff here left the member up
+            # to 400-800 ms behind a coordinator that had become ready). Logged once per
+            # episode.
             self._coordinator_known = False
             self._log_episode(
-                "Heartbeat failed with %s: finding the coordinator again, then retrying with "
-                "backoff %s",
+                "Heartbeat failed with %s: finding the coordinator again, then retrying %s",
                 name,
                 detail,
             )

@@ -178,6 +178,10 @@ class _Episode:
         self.failures = 0
         self.retry_at_ms = 0
 
+    def paced(self, now_ms: int) -> None:
+        """After a success: the next attempt waits one backoff step (retry.backoff.ms)."""
+        self.retry_at_ms = now_ms + self._backoff.backoff_ms(0)
+
     def remaining(self, now_ms: int) -> int:
         return max(0, self.retry_at_ms - now_ms)
 
@@ -196,7 +200,10 @@ class FindCoordinatorSend:
 
 class CoordinatorManager:
     """Finds the group coordinator: one FindCoordinator at a time, only while it is unknown
-    and wanted, with exponential backoff and jitter between failed attempts."""
+    and wanted, with exponential backoff and jitter between failed attempts and, as the Java
+    client's ``CoordinatorRequestManager``, one backoff step (retry.backoff.ms) after an
+    answer: a coordinator refusing heartbeats with NOT_COORDINATOR while it takes the group
+    over is asked again at that pace, not at once."""
 
     def __init__(self, group_id: str, backoff: Backoff) -> None:
         self.group_id = group_id
@@ -233,6 +240,7 @@ class CoordinatorManager:
         self._in_flight = False
         if coordinator.error_code == E.NONE:
             self._episode.succeeded()
+            self._episode.paced(now_ms)
             self.coordinator = coordinator
             self.last_error = None
             return None

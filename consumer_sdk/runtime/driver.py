@@ -589,6 +589,19 @@ class MemberDriver:
         interval = self.core.heartbeat_interval_ms or 3000
         return min(max(3 * interval, 5_000), limit)
 
+    def _lookup_ahead(self) -> bool:
+        """A member not in a group yet (not subscribed, or unsubscribed) looks its
+        coordinator up ahead, as librdkafka and the Java client do from the start: its join
+        heartbeat then goes out as it subscribes, not one FindCoordinator round trip later.
+        Not once closed or failed."""
+        core = self.core
+        return (
+            self._sm.state is MemberState.UNSUBSCRIBED
+            and not core.closed
+            and core.fatal_error is None
+            and not self.stopped
+        )
+
     def _coordinator_found(self, now: int) -> None:
         """Tell the core; a coordinator other than the one the last heartbeat went to gets
         the next heartbeat at once (see `HeartbeatRequestManager.on_coordinator_known`)."""
@@ -881,7 +894,12 @@ class _CoordinatorRequests:
         wait = _IDLE_MS
         if coord.coordinator is None:
             group = d.config.group_id
-            needed = d.core.coordinator_needed or d.commits.pending > 0 or bool(d._fetches)
+            needed = (
+                d.core.coordinator_needed
+                or d.commits.pending > 0
+                or bool(d._fetches)
+                or d._lookup_ahead()
+            )
             waiting = False
             if needed and not coord.in_flight:
                 shared = d.shared.coordinators

@@ -248,9 +248,14 @@ def test_backoff_skipped_after_coordinator_and_fencing_errors(code: ErrorCode) -
 
 
 @pytest.mark.parametrize("code", [ErrorCode.NOT_COORDINATOR, ErrorCode.COORDINATOR_NOT_AVAILABLE])
-def test_repeated_coordinator_errors_back_off_exponentially(code: ErrorCode) -> None:
-    """While __consumer_offsets loads, FindCoordinator keeps naming the same broker: only the
-    first retry of the episode is immediate, then retry.backoff.ms doubling to the max."""
+def test_repeated_coordinator_errors_are_retried_once_the_coordinator_is_found(
+    code: ErrorCode,
+) -> None:
+    """As the Java client: after NOT_COORDINATOR or COORDINATOR_NOT_AVAILABLE the heartbeat
+    goes as soon as the coordinator is found again, every time (the lookup before it, one at
+    most every retry.backoff.ms, paces the retries: `CoordinatorManager`); a
+    COORDINATOR_LOAD_IN_PROGRESS that follows backs off from retry.backoff.ms, not from where
+    the episode's count left it."""
     d = stable(retry_backoff_jitter=0.0)
     d.advance(INTERVAL)
     d.must_hb()
@@ -265,7 +270,15 @@ def test_repeated_coordinator_errors_back_off_exponentially(code: ErrorCode) -> 
             assert d.hb() is None
             d.advance(delay)
         d.must_hb()
-    assert delays == [0, 100, 200, 400, 800, 1000]
+    assert delays == [0, 0, 0, 0, 0, 0]
+    loading = []
+    for _ in range(3):
+        d.respond(err(ErrorCode.COORDINATOR_LOAD_IN_PROGRESS))
+        loading.append(d.core.time_until_next_poll(d.now))
+        assert d.hb() is None
+        d.advance(loading[-1])
+        d.must_hb()
+    assert loading == [100, 200, 400]
     d.respond(ok(1))
     assert d.state is S.STABLE
     d.advance(INTERVAL)
@@ -286,7 +299,8 @@ def test_a_changed_coordinator_gets_the_next_heartbeat_at_once(
     (a killed broker: FindCoordinator names the dead node until its partitions move). The
     backoff protected the failing node; the new one gets the heartbeat right away, as
     librdkafka expedites it on a coordinator change. One more failure there backs off
-    further than before: the episode's failures keep counting."""
+    further than before: the episode's failures keep counting (NOT_COORDINATOR's retries
+    count none: they go once the coordinator is found)."""
     d = stable(retry_backoff_jitter=0.0)
     d.advance(INTERVAL)
     d.must_hb()
@@ -312,9 +326,15 @@ def test_a_changed_coordinator_gets_the_next_heartbeat_at_once(
     d.must_hb()
     d.fail(FailureKind.DISCONNECTED)
     d.core.on_coordinator_known(d.now)
-    first_immediate = failure is not FailureKind.TIMEOUT
-    assert delays == ([0, 100, 200] if first_immediate else [100, 200, 400])
-    assert d.core.time_until_next_poll(d.now) == (800 if first_immediate else 1000)
+    if failure is ErrorCode.NOT_COORDINATOR:  # retried once found, the exponent at 0
+        assert delays == [0, 0, 0]
+        assert d.core.time_until_next_poll(d.now) == 100
+    elif failure is FailureKind.DISCONNECTED:
+        assert delays == [0, 100, 200]
+        assert d.core.time_until_next_poll(d.now) == 800
+    else:
+        assert delays == [100, 200, 400]
+        assert d.core.time_until_next_poll(d.now) == 1000
 
 
 def test_a_changed_coordinator_expedites_a_stable_members_heartbeat() -> None:

@@ -52,7 +52,10 @@ def test_coordinator_one_request_at_a_time_only_while_needed() -> None:
     assert c.coordinator == OK
     assert c.poll(6, needed=True) is None  # known
     c.mark_unknown("NOT_COORDINATOR")
-    assert c.poll(7, needed=True) == FindCoordinatorSend("g")
+    # As the Java client: the next lookup waits retry.backoff.ms from the last answer.
+    assert c.poll(7, needed=True) is None
+    assert c.time_until_next_poll(7, needed=True, idle_ms=5000) == 98
+    assert c.poll(105, needed=True) == FindCoordinatorSend("g")
 
 
 def test_coordinator_backs_off_exponentially_with_jitter() -> None:
@@ -71,8 +74,10 @@ def test_coordinator_backs_off_exponentially_with_jitter() -> None:
     assert c.poll(now, needed=True) is not None
     c.on_response(now, OK)
     c.mark_unknown("test")
-    # Success reset the backoff: the next lookup goes at once.
-    assert c.poll(now + 1, needed=True) is not None
+    # Success reset the backoff: the next lookup waits one step (retry.backoff.ms, jittered),
+    # not the grown backoff.
+    assert c.poll(now + 1, needed=True) is None
+    assert c.poll(now + 120, needed=True) is not None
 
 
 def test_coordinator_error_codes_retry_and_authorization_is_reported() -> None:

@@ -68,9 +68,10 @@ CLOSE_TIMEOUT_S = 5.0
 def expected_outcome(state: str, name: str) -> str:
     """What the member does (the Java client's heartbeat error policy), as asserted below.
 
-    - ``rediscover``: FindCoordinator again, then the heartbeat retried at once (the first
-      error of an episode, as Java and librdkafka; repeated ones back off, unit-tested in
-      tests/membership/test_heartbeat_timing.py), no callback;
+    - ``rediscover``: FindCoordinator again, then the heartbeat retried at once, as Java (the
+      lookup waits retry.backoff.ms after its previous answer, which paces repeated errors;
+      unit-tested in tests/membership/test_heartbeat_timing.py and tests/runtime/
+      test_driver.py), no callback;
     - ``backoff``: heartbeat retried after the first backoff step (about 100 ms);
     - ``surfaced``: ``poll()`` raises the (non-fatal) error; state kept; retried with backoff;
     - ``fenced``: ``on_lost`` for owned partitions, rejoin at epoch 0 with the same member id;

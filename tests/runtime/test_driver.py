@@ -4,6 +4,7 @@ time; the runtime runs the same driver over real connections in the other tests 
 
 from __future__ import annotations
 
+import itertools
 import random
 from collections.abc import Hashable
 from dataclasses import dataclass
@@ -175,6 +176,33 @@ def test_members_of_one_group_share_one_coordinator_lookup() -> None:
     b.run(5)
     (hb,) = tb.take()
     assert hb.api is Api.HEARTBEAT and hb.coordinator == COORD
+
+
+def test_the_coordinator_is_found_before_subscribe_so_the_join_goes_at_once() -> None:
+    # As librdkafka and the Java client: the lookup is made from the start, so subscribe()
+    # sends the join heartbeat in its first run instead of a FindCoordinator first.
+    d, t = driver()
+    d.run(0)
+    (find,) = t.take()
+    assert find.api is Api.FIND_COORDINATOR and find.payload == "g"
+    d.on_response(3, find, COORD)
+    d.run(3)
+    assert t.take() == []  # no heartbeat while not subscribed
+    subscribe(d, 10)
+    (join,) = t.take()
+    assert join.api is Api.HEARTBEAT and join.coordinator == COORD
+    assert join.payload.member_epoch == 0
+
+
+def test_a_closed_member_does_not_look_its_coordinator_up() -> None:
+    d, t = driver()
+    d.submit(Close())
+    d.run(0)  # (the lookup ahead may go before the run takes the Close in)
+    assert d.core.state is MemberState.UNSUBSCRIBED
+    for find in t.take():
+        d.on_failure(1, find, Failure(FailureKind.DISCONNECTED, "gone", -195))
+    d.run(5_000)  # past any backoff
+    assert t.take() == []
 
 
 def test_failed_lookups_are_reported_once_with_the_boundarys_code() -> None:
@@ -456,3 +484,39 @@ def test_the_stable_heartbeat_fast_path_changes_nothing_the_host_sees() -> None:
         assert len(lane) == len(full) == len(full_polled)
         for got, want, polls in zip(lane, full, full_polled, strict=True):
             assert got == want == polls
+
+
+def test_a_coordinator_refusing_heartbeats_is_retried_at_the_lookups_pace() -> None:
+    """A new coordinator answers NOT_COORDINATOR while it takes the group over. As the Java
+    client: each refusal looks the coordinator up again, at most one lookup every
+    retry.backoff.ms (100 ms here), and the heartbeat goes as soon as it is found; the
+    retries do not back off exponentially (they did: 0, 100, 200, 400, 800 ms, which left
+    the member up to that long behind a coordinator that had become ready)."""
+    d, t = joined()
+    t.take()
+    now = 5_000
+    d.run(now)
+    (hb,) = [r for r in t.take() if r.api is Api.HEARTBEAT]
+    sent = [now]
+    lookups = []
+    while len(sent) < 7:
+        assert now < 10_000, f"heartbeats sent at {sent}"
+        now += 2
+        d.on_response(now, hb, HeartbeatResponse(E.NOT_COORDINATOR, 5, 1000))
+        while True:
+            wait = d.run(now)
+            out = t.take()
+            for find in [r for r in out if r.api is Api.FIND_COORDINATOR]:
+                lookups.append(now)
+                now += 2
+                d.on_response(now, find, COORD)
+            beats = [r for r in out if r.api is Api.HEARTBEAT]
+            if beats:
+                (hb,) = beats
+                sent.append(now)
+                break
+            if not out:
+                now += max(wait, 1)
+    gaps = [b - a for a, b in itertools.pairwise(sent)]
+    assert all(gap <= 110 for gap in gaps), gaps
+    assert all(b - a >= 100 for a, b in itertools.pairwise(lookups)), lookups
