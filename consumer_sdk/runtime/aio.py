@@ -840,20 +840,17 @@ class AIOConsumer(AIOGroupMember):
         # Fast path, inside the window `_arm_fast` opened (nothing needs poll's checks): the
         # fetcher's buffered batch (filled by one librdkafka call) handed out record by
         # record, with no await before the return (cancel-safe); `Fetcher.next_buffered`
-        # inlined (``_buffer``, ``_fetchable``, ``_last``, `_note_dropped`: a change there goes
-        # here too). A batch handed out, the next is taken here too.
+        # inlined (``_cursor``, ``_checked``: a change there goes here too). A batch handed
+        # out, the next is taken here too.
         now = _monotonic()
         if now < self._fast_until:
             fetcher = self._fetcher
-            buffer = fetcher._buffer
-            while buffer:
-                key, msg = buffer.popleft()
-                if key is None:
-                    return msg
-                if key in fetcher._fetchable:
-                    fetcher._last[key] = msg
-                    return msg
-                fetcher._note_dropped(key, msg)
+            batch = fetcher._cursor
+            i = batch.taken
+            if i < len(batch.msgs) and fetcher._checked:
+                batch.taken = i + 1
+                msg: Message = batch.msgs[i]
+                return msg
             taken = fetcher.poll(0, now, _FILL_BATCH)
             if taken is not None:
                 return taken

@@ -145,23 +145,25 @@ class Consumer(GroupMember):
         raised by callbacks are raised here, and so is a fatal error on later calls.
         """
         # The record path in one frame (`_begin_read`, `Fetcher.poll` and
-        # `Fetcher.next_buffered` inlined): a record is buffered, no error event, callback or
-        # background event waits, the consumer is usable, its poll was noted lately
-        # (`_post_poll_limited`) and the gate is open. Anything else takes the path below.
+        # `Fetcher.next_buffered` inlined): a record is buffered and checked (fetchable), no
+        # error event, callback or background event waits, the consumer is usable, its poll
+        # was noted lately (`_post_poll_limited`) and the gate is open. Anything else takes
+        # the path below.
         fetcher = self._fetcher
-        buffer = fetcher._buffer
-        if buffer and not (self._error_events or self._app_callbacks or self._closed):
+        batch = fetcher._cursor
+        taken = batch.taken
+        msgs = batch.msgs
+        if (
+            taken < len(msgs)
+            and fetcher._checked
+            and not (self._error_events or self._app_callbacks or self._closed)
+        ):
             net = self._net
             if not net.background_events and net.failure is None and self._fatal is None:
                 now = _monotonic()
                 if now < self._next_post_poll and now <= fetcher._open_until:
-                    key, record = buffer.popleft()
-                    if key is None:
-                        return record
-                    if key in fetcher._fetchable:
-                        fetcher._last[key] = record
-                        return record
-                    fetcher._note_dropped(key, record)
+                    batch.taken = taken + 1
+                    return msgs[taken]
         if self._error_events and not self._closed:
             return self._error_events.popleft()
         now = self._begin_read()

@@ -342,8 +342,12 @@ def test_async_for_fast_path_hands_out_only_what_poll_would(
             fast_steps = 0  # steps served in that window (it is not armed again)
             unfenced = asyncio.Event()
 
+            def waiting() -> list[confluent_kafka.Message]:  # buffered, not handed out yet
+                batch = fetcher._cursor
+                return batch.msgs[batch.taken :]
+
             def fenced_buffered() -> bool:
-                return any(k == fenced for k, _ in fetcher._buffer)
+                return any((m.topic(), m.partition()) == fenced for m in waiting())
 
             def unfence() -> None:
                 if fenced is not None and not unfenced.is_set():
@@ -365,7 +369,7 @@ def test_async_for_fast_path_hands_out_only_what_poll_would(
                 # Taken from the buffer by the fast path (not the first of a batch, whose
                 # position the fetcher's own hand-out moved), in the window of the last step.
                 popped = last_buffered > 0 and c._fast_until == last_window
-                last_window, last_buffered = c._fast_until, len(fetcher._buffer)
+                last_window, last_buffered = c._fast_until, len(waiting())
                 if fenced is not None and not unfenced.is_set() and c._fast_until == window:
                     fast_steps += 1
                 if msg.error() is not None:
@@ -383,12 +387,14 @@ def test_async_for_fast_path_hands_out_only_what_poll_would(
                     if (
                         popped
                         and c._fast_until > time.monotonic() + 0.005
-                        and any(k == (topic, p) for k, _ in fetcher._buffer)
+                        and any((m.topic(), m.partition()) == (topic, p) for m in waiting())
                     ):
                         fenced, window = (topic, p), c._fast_until
                         fetcher.fence([fenced])
-                        fetcher._buffer.append(
-                            (None, error_event(KafkaError(KafkaError._FAIL, "aio test")))
+                        fetcher._fold()
+                        fetcher._install(
+                            [*waiting(), error_event(KafkaError(KafkaError._FAIL, "aio test"))],
+                            None,  # not one topic's records only (`_plain_topic`)
                         )
                 elif not fenced_buffered():
                     unfence()
@@ -426,7 +432,8 @@ def test_async_for_takes_records_from_librdkafka_in_bounded_chunks(
             offsets: list[int] = []
             async for msg in c:
                 offsets.append(msg.offset())  # type: ignore[arg-type]
-                buffered.append(len(c._sync._fetcher._buffer))
+                batch = c._sync._fetcher._cursor
+                buffered.append(len(batch.msgs) - batch.taken)
                 if len(offsets) == 2000:
                     break
             assert offsets == list(range(2000))

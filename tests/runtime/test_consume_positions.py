@@ -567,7 +567,7 @@ def test_poll_hands_out_a_buffered_record_only_as_its_slow_path_would(
     def refill() -> None:
         """poll() until the fetcher holds at least 10 records taken from librdkafka."""
         deadline = time.monotonic() + 30
-        while len(fetcher._buffer) < 10:
+        while len(fetcher._cursor.msgs) - fetcher._cursor.taken < 10:
             assert time.monotonic() < deadline, "the fetcher buffered no records"
             record(consumer.poll(0.2))
 
@@ -612,5 +612,64 @@ def test_poll_hands_out_a_buffered_record_only_as_its_slow_path_would(
         _take(lambda: [consumer.poll(0.2)], seen, 800, "every record")
         assert sorted(seen) == [0, 1]
         _contiguous(seen)
+    finally:
+        consumer.close()
+
+
+def test_poll_positions_count_only_the_records_handed_out_of_a_buffered_batch(
+    embedded_kafka: EmbeddedKafka,
+) -> None:
+    """`Consumer.poll` hands buffered records out by moving the fetcher's buffer on, with
+    nothing per partition; positions are derived when read. After each record handed out of
+    the middle of a batch, the position (``position()``, the commit's, and the publication
+    the loop's auto-commit reads) is exactly the offset after it; a partition fenced while
+    its records are buffered gets none of them handed out and keeps its position; unfenced,
+    every record comes once, in order (fails when the fence check leaves the record path,
+    or when records not handed out yet count)."""
+    topic = "cp-poll-batch-positions"
+    embedded_kafka.create_topic(topic, partitions=2)
+    for p in (0, 1):
+        embedded_kafka.produce(topic, [f"{p}-{i}".encode() for i in range(400)], partition=p)
+    consumer = Consumer(config(embedded_kafka, "cp-poll-batch-positions-g"))
+    fetcher = consumer._fetcher
+    seen: Seen = {}
+
+    def waiting() -> list[Any]:
+        batch = fetcher._cursor
+        return batch.msgs[batch.taken :]
+
+    def hand_out(timeout: float = 0) -> Any:
+        msg = consumer.poll(timeout)
+        if msg is not None and msg.error() is None:
+            seen.setdefault(msg.partition(), []).append(msg.offset())
+        return msg
+
+    def check(what: str) -> None:
+        want = {(topic, p): o for p, o in _expected(seen).items()}
+        published = {k: o for k, (o, _) in fetcher.publication.positions().items()}
+        committable = {k: o for k, (o, _) in fetcher.committable().items()}
+        assert published == want, f"{what}: published {published}, handed out {want}"
+        assert committable == want, f"{what}: committable {committable}, handed out {want}"
+        assert _positions(consumer, topic, 2) == _expected(seen), what
+
+    try:
+        consumer.subscribe([topic])
+        deadline = time.monotonic() + 30
+        while len(waiting()) < 20:  # a batch taken from librdkafka, most of it waiting
+            assert time.monotonic() < deadline, "the fetcher buffered no records"
+            hand_out(0.2)
+        for i in range(5):  # out of the middle of the batch, by the one-frame path
+            assert hand_out() is not None
+            check(f"record {i}")
+        fenced = waiting()[0].partition()
+        fetcher.fence([(topic, fenced)])
+        while fetcher.buffered:
+            msg = hand_out()
+            assert msg is None or msg.partition() != fenced, "a fenced partition's record"
+        check("after the fenced partition's records were dropped")
+        fetcher.unfence([(topic, fenced)])
+        _take(lambda: [consumer.poll(0.2)], seen, 800, "every record")
+        _contiguous(seen)
+        check("all read")
     finally:
         consumer.close()

@@ -67,7 +67,7 @@ def test_poll_buffer_keeps_order_across_pause_seek_and_unassign(
     try:
         fetcher.assign({(topic, 0): None, (topic, 1): None})
         got = _drain(fetcher, 1)
-        while not fetcher._buffer:  # until a poll() took a batch from librdkafka
+        while not fetcher.buffered:  # until a poll() took a batch from librdkafka
             got += _drain(fetcher, 1)
             assert len(got) < 600, "poll() never buffered a batch"
         fetcher.pause([(topic, 0)])
@@ -145,5 +145,58 @@ def test_gate_holds_records_back_and_hands_them_out_after_it_opens(
         assert sorted(o for p, o in got if p == 0) == list(range(50))
         assert len({(p, o) for p, o in got}) == len(got), "a record came twice"
         assert all(fetcher.poll(0.1) is None for _ in range(5)), "the fenced partition stays"
+    finally:
+        fetcher.close()
+
+
+def test_a_batch_taken_while_a_partition_is_fenced_hands_none_of_its_records_out(
+    embedded_kafka: EmbeddedKafka,
+) -> None:
+    """poll() checks a batch's partitions once when it takes the batch from librdkafka (not
+    per record): records librdkafka returns of a partition fenced before that are dropped,
+    the other partitions' come; unfenced, the fenced one starts where it stood (fails
+    without the check of the taken batch)."""
+    topic = "fetch-fenced-batch"
+    fetcher = fetcher_over(embedded_kafka, topic, 300)
+    try:
+        fetcher.assign({(topic, 0): None, (topic, 1): None})
+        fetcher.fence([(topic, 0)])  # before any record of it was taken from librdkafka
+        got = _drain(fetcher, 300)
+        assert all(p == 1 for p, _ in got), "a fenced partition's record was handed out"
+        assert [o for _, o in got] == list(range(300))
+        assert all(fetcher.poll(0.1) is None for _ in range(5)), "the fenced partition stays"
+        fetcher.unfence([(topic, 0)])
+        assert _drain(fetcher, 300) == [(0, o) for o in range(300)]
+        assert fetcher.positions() == {(topic, 0): 300, (topic, 1): 300}
+    finally:
+        fetcher.close()
+
+
+def test_poll_positions_over_two_topics(embedded_kafka: EmbeddedKafka) -> None:
+    """Batches holding records of two topics (partitions known by topic and number, not by
+    number alone): every record once, in order, and the positions after the last ones; a
+    seek of one topic's partition leaves the other topic's same-numbered partition as it
+    is."""
+    first, second = "fetch-two-a", "fetch-two-b"
+    fetcher = fetcher_over(embedded_kafka, first, 200)
+    embedded_kafka.create_topic(second, partitions=2)
+    for p in (0, 1):
+        embedded_kafka.produce(second, [f"{p}-{i}".encode() for i in range(200)], partition=p)
+    try:
+        keys = [(t, p) for t in (first, second) for p in (0, 1)]
+        fetcher.assign(dict.fromkeys(keys))
+        got: dict[tuple[str, int], list[int]] = {}
+        while sum(map(len, got.values())) < 800:
+            msg = fetcher.poll(0.2)
+            if msg is not None and msg.error() is None:
+                got.setdefault((msg.topic(), msg.partition()), []).append(msg.offset())  # type: ignore[arg-type]
+            if sum(map(len, got.values())) == 100:
+                positions = fetcher.positions()
+                assert positions == {k: v[-1] + 1 for k, v in got.items()}, positions
+        assert got == {k: list(range(200)) for k in keys}
+        assert fetcher.positions() == dict.fromkeys(keys, 200)
+        fetcher.seek((second, 0), 150)
+        assert _drain(fetcher, 50) == [(0, o) for o in range(150, 200)]
+        assert fetcher.positions() == dict.fromkeys(keys, 200)
     finally:
         fetcher.close()
