@@ -636,15 +636,19 @@ class MemberNetwork:
                 deadline = reaper.next_deadline()
                 if deadline is not None:
                     wait_ms = min(wait_ms, max(int((deadline - now / 1000) * 1000) + 1, 0))
-            # `_publish()`, inline (once per heartbeat); the heartbeat's lane built it
+            # `_publish()`, inline (once per heartbeat); the heartbeat's lane built it, and
+            # leaves nothing to hand over (a STABLE member; it adds no event, and the last
+            # publish handed over what there was)
             snap = driver.lane_snapshot
             if snap is not None:
                 driver.lane_snapshot = None
+                self._snapshot = snap
             else:
-                snap = driver.snapshot(self._taken, self._commits_taken, self._snapshot)
-            self._snapshot = snap
-            if snap.state is not MemberState.STABLE or driver.outbox or self._core_events:
-                self._hand_over(snap)
+                self._snapshot = snap = driver.snapshot(
+                    self._taken, self._commits_taken, self._snapshot
+                )
+                if snap.state is not MemberState.STABLE or driver.outbox or self._core_events:
+                    self._hand_over(snap)
             # `_schedule_at(started + wait)`, inline (once per heartbeat). The wait counts
             # from ``now``, which is not after ``started``: the run is never early.
             due = started + (wait_ms if wait_ms > 0 else 0) / 1000
@@ -785,13 +789,14 @@ class MemberNetwork:
                 due = started + wait_ms / 1000  # (not early: see `_run`)
                 if due < self._timer_due - 0.001 or not timer.armed:
                     self._schedule_at(due)
-                # `_publish()`, inline (once per heartbeat), unless published above
+                # `_publish()`, inline (once per heartbeat), unless published above (a quiet
+                # answer's, with nothing to hand over: see `_run`)
                 if snap is None:
                     self._snapshot = snap = driver.snapshot(
                         self._taken, self._commits_taken, self._snapshot
                     )
-                if snap.state is not MemberState.STABLE or driver.outbox or self._core_events:
-                    self._hand_over(snap)
+                    if snap.state is not MemberState.STABLE or driver.outbox or self._core_events:
+                        self._hand_over(snap)
                 return
         except Exception as exc:
             self._fail(exc)

@@ -408,6 +408,8 @@ def _fast_path_trace(
         if lane is not None:
             d.lane_snapshot = None
             taken[0] += 1
+            # (the runtime then hands nothing over: there must be nothing)
+            assert not d.outbox and not core.background_events
         snap[0] = lane if lane is not None else d.snapshot(0, 0, snap[0])
         trace.append(
             (
