@@ -20,7 +20,7 @@ from typing import NamedTuple
 from consumer_sdk.backoff import Backoff
 from consumer_sdk.domain import HeartbeatRequest, HeartbeatResponse
 from consumer_sdk.error_codes import ErrorCode
-from consumer_sdk.membership._log import LOGGER
+from consumer_sdk.membership._log import LEVELS_CACHED, LOGGER
 from consumer_sdk.membership.manager import MembershipManager
 from consumer_sdk.membership.metrics import MembershipMetrics
 from consumer_sdk.membership.reconciler import LocalAssignment
@@ -78,6 +78,7 @@ _poll_result = partial(tuple.__new__, PollResult)
 
 
 _LANE_NOTES = MembershipMetrics.LANE_NOTES
+_DEBUG = logging.DEBUG
 
 
 class _Kind(enum.Enum):
@@ -451,7 +452,7 @@ class HeartbeatRequestManager:
         self._regular_count = 1
         timing._timer_deadline_ms = now_ms + timing.interval_ms
         self._note_sent(now_ms)  # `self._metrics.record_heartbeat_sent(now_ms)`, lazily
-        if LOGGER.isEnabledFor(logging.DEBUG):
+        if LEVELS_CACHED.get(_DEBUG, True) and LOGGER.isEnabledFor(_DEBUG):
             m.log.debug("Sending %s heartbeat %s", _Kind.REGULAR.value, plain)
         m._now = now_ms
         # `time_until_next_poll`: a regular heartbeat in flight (the answer wakes the host)

@@ -7,6 +7,7 @@ have done nothing (the full path then runs)."""
 from __future__ import annotations
 
 import copy
+import logging
 from typing import Any
 
 import pytest
@@ -302,3 +303,22 @@ def test_the_lanes_metrics_read_late_equal_those_recorded_at_once() -> None:
             assert lane.core.published() == full.core.published()
             assert lane.core.metrics.snapshot(lane.now) == full.core.metrics.snapshot(full.now)
     assert taken > 2 * MembershipMetrics.LANE_NOTES
+
+
+def test_the_lanes_debug_line_follows_the_level_as_it_changes(caplog: Any) -> None:
+    """The lane asks the logger's cached answer before calling ``isEnabledFor``: a level
+    turned on (or off) between beats applies from the next beat, as with the call."""
+    d = Checked(cfg())
+    d.join_stable({T1: [0, 1]})
+    _lane_open(d)
+    logger = logging.getLogger("consumer_sdk.membership")
+    lines = []
+    for level in (logging.INFO, logging.DEBUG, logging.INFO, logging.DEBUG):
+        caplog.clear()
+        with caplog.at_level(level, logger="consumer_sdk.membership"):
+            assert logger.isEnabledFor(logging.DEBUG) is (level == logging.DEBUG)
+            fast = d.fast
+            _beat(d, ok(1))
+            assert d.fast == fast + 2  # both through the fast paths
+        lines.append(sum("Sending REGULAR heartbeat" in r.getMessage() for r in caplog.records))
+    assert lines == [0, 2, 0, 2]  # (with DEBUG on: the lane's and its full-path twin's)
