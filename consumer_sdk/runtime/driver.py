@@ -527,15 +527,8 @@ class MemberDriver:
                             self.lane_snapshot = tuple.__new__(
                                 MemberSnapshot,
                                 prev[:7]  # noqa: RUF005 (as in `snapshot`)
-                                + (
-                                    True,
-                                    self.heartbeat_due_ms,
-                                    len(self.commits.queue),
-                                    prev[10],
-                                    prev[11],
-                                    prev[12],
-                                    prev[13],
-                                ),
+                                + (True, self.heartbeat_due_ms, len(self.commits.queue))
+                                + prev[10:],
                             )
                         first = others if others < when else when  # `min(due)`
                         return first - now if first < now + _IDLE_MS else _IDLE_MS
