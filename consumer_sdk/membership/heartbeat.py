@@ -230,9 +230,10 @@ class HeartbeatRequestManager:
         self._sm = membership.state_machine  # ``self._sm.state``: the member's state
         self._cfg = cfg
         self._metrics = metrics
-        # The lane's notes (see `MembershipMetrics.settle`).
-        self._note_sent = metrics.lane_sent.append
-        self._answered = metrics.lane_answered
+        # The lane's notes (see `MembershipMetrics.settle`): the lists, not their bound
+        # ``append`` (a deep copy of the core would keep that bound to the original's list).
+        self._lane_sent = metrics.lane_sent
+        self._lane_answered = metrics.lane_answered
         self._timing = HeartbeatTiming(
             Backoff(cfg.retry_backoff_ms, cfg.retry_backoff_max_ms, cfg.retry_backoff_jitter, rng)
         )
@@ -451,7 +452,7 @@ class HeartbeatRequestManager:
         self._in_flight.append(_in_flight((plain, _Kind.REGULAR, now_ms, m._generation)))
         self._regular_count = 1
         timing._timer_deadline_ms = now_ms + timing.interval_ms
-        self._note_sent(now_ms)  # `self._metrics.record_heartbeat_sent(now_ms)`, lazily
+        self._lane_sent.append(now_ms)  # `self._metrics.record_heartbeat_sent(now_ms)`, lazily
         if LEVELS_CACHED.get(_DEBUG, True) and LOGGER.isEnabledFor(_DEBUG):
             m.log.debug("Sending %s heartbeat %s", _Kind.REGULAR.value, plain)
         m._now = now_ms
@@ -507,7 +508,7 @@ class HeartbeatRequestManager:
         self._regular_count -= 1
         # `self._metrics.record_heartbeat_response_time(now_ms, now_ms - sent_ms)`, lazily
         sent_ms = record.sent_ms
-        answered = self._answered
+        answered = self._lane_answered
         answered.append((now_ms, sent_ms))
         if len(answered) >= _LANE_NOTES:
             self._metrics.settle()

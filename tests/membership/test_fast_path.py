@@ -322,3 +322,16 @@ def test_the_lanes_debug_line_follows_the_level_as_it_changes(caplog: Any) -> No
             assert d.fast == fast + 2  # both through the fast paths
         lines.append(sum("Sending REGULAR heartbeat" in r.getMessage() for r in caplog.records))
     assert lines == [0, 2, 0, 2]  # (with DEBUG on: the lane's and its full-path twin's)
+
+
+def test_a_copied_core_notes_its_lane_in_its_own_metrics() -> None:
+    """The lane's notes go to the metrics of the core that took the beat: a deep copy (the
+    tests' twins, a host that snapshots a core) must not write into the original's."""
+    d = Checked(cfg())
+    d.join_stable({T1: [0, 1]})
+    core = _lane_open(d)
+    twin = _twin(core)
+    d.advance(INTERVAL)
+    beat = twin.stable_beat(d.now)
+    assert beat is not None
+    assert twin.metrics.lane_sent and not core.metrics.lane_sent
