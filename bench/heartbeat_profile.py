@@ -5,8 +5,10 @@ each polled with ``poll(0)`` every 200 ms). Once they are stable and have polled
 a while, ``sys.settrace`` counts opcode events and Python calls per function on the network
 loop's thread and on the application's (the polling) thread over a window, divided by the
 heartbeats sent in it; ``gc.callbacks`` times the collections in the same window. Unlike CPU
-time, these counts do not move with the machine's load. Tracing slows both threads, so the
-window's heartbeat count is a little lower than untraced.
+time, these counts do not move with the machine's load, except the loop's work per wake-up
+(`WAKE_UP_WORK`, listed apart from the members' own path: one wake-up serves every member
+due then, so its share per heartbeat follows the batching). Tracing slows both threads, so
+the window's heartbeat count is a little lower than untraced.
 
     python -m bench.heartbeat_profile [--members 100] [--window 8] [--top 25]
 """
@@ -25,6 +27,22 @@ from typing import Any
 from bench.heartbeat_cost import POLL_EVERY_S, _FacadeMember, close_group
 
 Tracer = Any  # sys.settrace's callback (typeshed types it loosely)
+
+#: The loop thread's work per wake-up rather than per heartbeat: one wake-up reads and writes
+#: for every member due then, so its share per heartbeat moves with the batching (the load,
+#: the timers' spread) while the members' own path does not.
+WAKE_UP_WORK = frozenset(
+    {
+        "NetworkLoop._run_once",
+        "NetworkLoop._update_interest",
+        "NetworkLoop._drain_wakeups",
+        "MuxConnection.on_readable",
+        "MuxConnection._deliver",
+        "MuxConnection.flush",
+        "MuxConnection.wants_write",
+        "FrameReader.feed",
+    }
+)
 
 
 def _tracer(ops: collections.Counter[CodeType], calls: collections.Counter[CodeType]) -> Tracer:
@@ -119,9 +137,14 @@ def measure(members: int = 100, window_s: float = 8.0, settle_s: float = 5.0) ->
         ops: collections.Counter[CodeType], calls: collections.Counter[CodeType]
     ) -> dict[str, Any]:
         n = max(beats, 1)
+        wake = [c for c in ops if c.co_qualname in WAKE_UP_WORK]
+        runs = [c for c in calls if c.co_qualname == "NetworkLoop._run_once"]
         return {
             "calls": sum(calls.values()) / n,
             "bytecodes": sum(ops.values()) / n,
+            "wake_up_calls": sum(calls[c] for c in wake) / n,
+            "wake_up_bytecodes": sum(ops[c] for c in wake) / n,
+            "wake_ups": sum(calls[c] for c in runs) / n,
             "functions": [
                 (
                     f"{code.co_qualname} ({code.co_filename.rsplit('/', 1)[-1]})",
@@ -155,6 +178,13 @@ def main() -> None:
             f"== {thread} thread: {row['bytecodes']:.0f} bytecodes, {row['calls']:.1f} Python "
             "calls per heartbeat"
         )
+        if thread == "loop":
+            print(
+                f"   members' path {row['bytecodes'] - row['wake_up_bytecodes']:.0f} bytecodes, "
+                f"{row['calls'] - row['wake_up_calls']:.1f} calls; the loop's wake-ups "
+                f"({row['wake_ups']:.2f} per heartbeat) {row['wake_up_bytecodes']:.0f} "
+                f"bytecodes, {row['wake_up_calls']:.1f} calls"
+            )
         for name, bytecodes, calls in row["functions"][: args.top]:
             print(f"{bytecodes:8.1f} bytecodes {calls:6.2f} calls  {name}")
     seen = result["gc"]

@@ -7,6 +7,13 @@ from collections.abc import Callable
 
 LOGGER = logging.getLogger("consumer_sdk.membership")
 
+#: ``LOGGER``'s own cache of its `logging.Logger.isEnabledFor` answers (CPython keeps one
+#: dict per logger for its life and clears it whenever any level changes). A per-heartbeat
+#: path reads ``LEVELS_CACHED.get(level, True)`` first and calls ``isEnabledFor`` only when
+#: that is not a cached False: the same answer, without a Python call while the level is
+#: off. (Without such a cache, ``{}``: always the call.)
+LEVELS_CACHED: dict[int, bool] = vars(LOGGER).get("_cache", {})
+
 
 class MemberLog:
     """Prefixes every line with ``[Consumer clientId=…, groupId=…, memberId=…, epoch=…]``."""

@@ -240,7 +240,7 @@ class GroupMembership:
             revoking,
             hb._coordinator_known,
             hb._timing.interval_ms,
-            self.metrics._last_heartbeat_response_ms,
+            self.metrics.last_heartbeat_response_ms,
             handout,
         )
 
@@ -254,6 +254,7 @@ class GroupMembership:
 
     def handle(self, event: ApplicationEvent, now_ms: int) -> None:
         """Process one application event now."""
+        self._heartbeat._lane = None  # `close_lane`, inline
         m = self._manager
         if isinstance(event, Poll):
             m.handle_poll(event.now_ms)
@@ -323,6 +324,7 @@ class GroupMembership:
 
     def on_metadata(self, now_ms: int, topic_names_by_id: Mapping[uuid.UUID, str]) -> None:
         """The host's current topic id -> name view (all known topics)."""
+        self._heartbeat.close_lane()
         self._manager.on_metadata(now_ms, topic_names_by_id)
 
     def on_coordinator_known(self, now_ms: int, changed: bool = False) -> None:

@@ -20,7 +20,7 @@ from typing import NamedTuple
 from consumer_sdk.backoff import Backoff
 from consumer_sdk.domain import HeartbeatRequest, HeartbeatResponse
 from consumer_sdk.error_codes import ErrorCode
-from consumer_sdk.membership._log import LOGGER
+from consumer_sdk.membership._log import LEVELS_CACHED, LOGGER
 from consumer_sdk.membership.manager import MembershipManager
 from consumer_sdk.membership.metrics import MembershipMetrics
 from consumer_sdk.membership.reconciler import LocalAssignment
@@ -75,6 +75,10 @@ class PollResult(NamedTuple):
 
 
 _poll_result = partial(tuple.__new__, PollResult)
+
+
+_LANE_NOTES = MembershipMetrics.LANE_NOTES
+_DEBUG = logging.DEBUG
 
 
 class _Kind(enum.Enum):
@@ -226,6 +230,10 @@ class HeartbeatRequestManager:
         self._sm = membership.state_machine  # ``self._sm.state``: the member's state
         self._cfg = cfg
         self._metrics = metrics
+        # The lane's notes (see `MembershipMetrics.settle`): the lists, not their bound
+        # ``append`` (a deep copy of the core would keep that bound to the original's list).
+        self._lane_sent = metrics.lane_sent
+        self._lane_answered = metrics.lane_answered
         self._timing = HeartbeatTiming(
             Backoff(cfg.retry_backoff_ms, cfg.retry_backoff_max_ms, cfg.retry_backoff_jitter, rng)
         )
@@ -244,6 +252,15 @@ class HeartbeatRequestManager:
         self._confirmed_sent_ms: int | None = None
         # When a join was first refused with UNRELEASED_INSTANCE_ID in this episode.
         self._unreleased_since_ms: int | None = None
+        # The heartbeats' lane, open (the plain request) or closed (None). Open: the last
+        # heartbeat went out through `stable_beat` after its full checks, and nothing but
+        # `stable_beat`, `quiet_answer` and `stable_poll` entered the core since. What those
+        # checks read (the coordinator, the plain request and what was last sent, closed or
+        # failed, the in-flight record's kind and generation) only changes through another
+        # entry, and every other entry closes the lane (`close_lane`): while it is open the
+        # fast paths skip those checks. The state, the time-dependent checks (the poll
+        # timer, the interval, the backoff) and the answer's own are made on every beat.
+        self._lane: HeartbeatRequest | None = None
 
     # ------------------------------------------------------------------------------------------
     # Views
@@ -284,6 +301,10 @@ class HeartbeatRequestManager:
     # Coordinator and poll timer
     # ------------------------------------------------------------------------------------------
 
+    def close_lane(self) -> None:
+        """Any entry of the core other than the fast paths: the next beat checks in full."""
+        self._lane = None
+
     def on_coordinator_known(self, now_ms: int, changed: bool = False) -> None:
         """The host found the coordinator. ``changed``: another node than the one the member
         last heartbeated to. The next heartbeat then goes at once, without waiting for the
@@ -291,12 +312,14 @@ class HeartbeatRequestManager:
         expedites it on a coordinator change): the backoff protects a coordinator that keeps
         failing, and this one has not been tried yet. Failures keep counting, so one at the
         new node backs off further."""
+        self._lane = None
         self._coordinator_known = True
         if changed and self._m.state not in NOT_IN_GROUP:
             self._m.log.debug("Coordinator changed: the next heartbeat goes at once")
             self._timing.expedite()
 
     def on_coordinator_unknown(self, now_ms: int) -> None:
+        self._lane = None
         self._coordinator_known = False
 
     def reset_poll_timer(self, now_ms: int) -> None:
@@ -333,6 +356,7 @@ class HeartbeatRequestManager:
 
     def poll(self, now_ms: int) -> PollResult:
         """The heartbeat to send now, if any, and the time until the next call."""
+        self._lane = None
         m = self._m
         state = self._sm.state
         if state is S.FATAL:
@@ -382,15 +406,11 @@ class HeartbeatRequestManager:
         declined (and nothing done) where `stable_poll` would decline or warn, so the caller
         then hands it over the usual way before `poll`."""
         m = self._m
-        if self._sm.state is not S.STABLE or not self._coordinator_known or self._regular_count:
+        if self._sm.state is not S.STABLE or self._regular_count:
             return None
         deadline = self._poll_deadline_ms
         if polled_ms:  # `stable_poll(polled_ms)`, applied below once nothing declines
-            if (
-                m._closed
-                or m._fatal is not None
-                or (deadline is not None and polled_ms >= deadline)
-            ):
+            if deadline is not None and polled_ms >= deadline:
                 return None
             deadline = polled_ms + self._cfg.rebalance_timeout_ms
         if deadline is not None and now_ms >= deadline:
@@ -404,20 +424,27 @@ class HeartbeatRequestManager:
         if last is not None and timing._backoff_ms > now_ms - last:
             return None
         # `_build` would return the plain request: nothing to send again since the last one
-        sent = self._sent
-        cfg = self._cfg
-        plain = self._plain
-        if (
-            plain is None
-            or plain.member_epoch != m._epoch
-            or sent.assignment is not m._rec.current
-            or sent.rebalance_timeout_ms != cfg.rebalance_timeout_ms
-            or m._subscription is None
-            or m._subscription is not m._fields_of
-            or (sent.subscription is not m._fields and sent.subscription != m._fields)
-            or (cfg.remote_assignor is not None and sent.server_assignor != cfg.remote_assignor)
-        ):
-            return None
+        # (and the coordinator known, and, with a poll, not closed or failed); while the lane
+        # is open, nothing that those read has changed (see ``_lane``)
+        plain = self._lane
+        if plain is None:
+            plain = self._plain
+            sent = self._sent
+            cfg = self._cfg
+            if (
+                plain is None
+                or not self._coordinator_known
+                or (polled_ms and (m._closed or m._fatal is not None))
+                or plain.member_epoch != m._epoch
+                or sent.assignment is not m._rec.current
+                or sent.rebalance_timeout_ms != cfg.rebalance_timeout_ms
+                or m._subscription is None
+                or m._subscription is not m._fields_of
+                or (sent.subscription is not m._fields and sent.subscription != m._fields)
+                or (cfg.remote_assignor is not None and sent.server_assignor != cfg.remote_assignor)
+            ):
+                return None
+            self._lane = plain
         if polled_ms:
             self._poll_deadline_ms = deadline  # (`stable_poll`'s ``m._now`` is set below)
         # `_send(now_ms, _Kind.REGULAR)`: not off schedule (STABLE), and
@@ -425,16 +452,8 @@ class HeartbeatRequestManager:
         self._in_flight.append(_in_flight((plain, _Kind.REGULAR, now_ms, m._generation)))
         self._regular_count = 1
         timing._timer_deadline_ms = now_ms + timing.interval_ms
-        # `self._metrics.record_heartbeat_sent(now_ms)`, inline
-        metrics = self._metrics
-        window = metrics._heartbeats
-        samples = window._samples
-        samples.append((now_ms, 1.0))
-        if samples[0][0] <= now_ms - window._window_ms:
-            window._expire(now_ms)
-        metrics._heartbeat_total += 1
-        metrics._last_heartbeat_ms = now_ms
-        if LOGGER.isEnabledFor(logging.DEBUG):
+        self._lane_sent.append(now_ms)  # `self._metrics.record_heartbeat_sent(now_ms)`, lazily
+        if LEVELS_CACHED.get(_DEBUG, True) and LOGGER.isEnabledFor(_DEBUG):
             m.log.debug("Sending %s heartbeat %s", _Kind.REGULAR.value, plain)
         m._now = now_ms
         # `time_until_next_poll`: a regular heartbeat in flight (the answer wakes the host)
@@ -462,15 +481,21 @@ class HeartbeatRequestManager:
             or response.assignment is not None
             or self._sm.state is not S.STABLE
             or not in_flight
-            or not self._coordinator_known
         ):
             return None
         record = in_flight[0]
         timing = self._timing
         if (
             record.request is not request
-            or record.kind is not _Kind.REGULAR
-            or record.generation != m._generation
+            or (
+                # while the lane is open (see ``_lane``), its own heartbeat's record
+                self._lane is not request
+                and (
+                    not self._coordinator_known
+                    or record.kind is not _Kind.REGULAR
+                    or record.generation != m._generation
+                )
+            )
             or response.member_epoch != m._epoch
             or (response.member_id and response.member_id != m._member_id)
             or (
@@ -481,14 +506,12 @@ class HeartbeatRequestManager:
             return None
         del in_flight[0]
         self._regular_count -= 1
-        # `self._metrics.record_heartbeat_response_time(now_ms, now_ms - record.sent_ms)`
-        metrics = self._metrics
-        window = metrics._heartbeat_response_time
-        samples = window._samples
-        samples.append((now_ms, float(now_ms - record.sent_ms)))
-        if samples[0][0] <= now_ms - window._window_ms:
-            window._expire(now_ms)
-        metrics._last_heartbeat_response_ms = now_ms
+        # `self._metrics.record_heartbeat_response_time(now_ms, now_ms - sent_ms)`, lazily
+        sent_ms = record.sent_ms
+        answered = self._lane_answered
+        answered.append((now_ms, sent_ms))
+        if len(answered) >= _LANE_NOTES:
+            self._metrics.settle()
         # `timing.on_success(now_ms)`, inline (the backoff's jitter is drawn as there, with
         # `Backoff.backoff_ms(0)`'s arithmetic: see `Backoff.low`)
         timing._last_received_ms = now_ms
@@ -504,7 +527,6 @@ class HeartbeatRequestManager:
             timing._backoff_ms = min(backoff._max, backoff._base)
         timing._last_failed = timing._first_immediate = False
         self._unreleased_since_ms = None
-        sent_ms = record.sent_ms
         confirmed = self._confirmed_sent_ms
         if confirmed is None or sent_ms > confirmed:
             self._confirmed_sent_ms = sent_ms
@@ -684,6 +706,7 @@ class HeartbeatRequestManager:
 
     def reset_sent_fields(self) -> None:
         """Make the next heartbeat full (after any error or failure)."""
+        self._lane = None
         self._sent = _SentFields()
 
     # ------------------------------------------------------------------------------------------
@@ -719,6 +742,7 @@ class HeartbeatRequestManager:
         self, now_ms: int, response: HeartbeatResponse, request: HeartbeatRequest | None = None
     ) -> None:
         """Apply a heartbeat response (``request``: the one it answers; default the oldest)."""
+        self._lane = None
         m = self._m
         record = self._pop(request)
         if record is None:
@@ -861,6 +885,7 @@ class HeartbeatRequestManager:
         self, now_ms: int, failure: Failure, request: HeartbeatRequest | None = None
     ) -> None:
         """A heartbeat got no response (timeout, disconnect, client-side error)."""
+        self._lane = None
         m = self._m
         record = self._pop(request)
         if record is None:

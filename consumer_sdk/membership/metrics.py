@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from itertools import repeat
 
 GROUP = "consumer-coordinator-metrics"
 DEFAULT_WINDOW_MS = 60_000
@@ -75,6 +76,13 @@ class MembershipMetrics:
         self._heartbeat_total = 0
         self._last_heartbeat_ms: int | None = None
         self._last_heartbeat_response_ms: int | None = None
+        #: The heartbeats' lane (`HeartbeatRequestManager.stable_beat` and `quiet_answer`)
+        #: only notes its heartbeats here: when each was sent, and when each quiet answer
+        #: came for one sent when. `settle` moves them into the windows and counters above
+        #: before anything reads or records those, so every value read is the one recording
+        #: each at once would give.
+        self.lane_sent: list[int] = []
+        self.lane_answered: list[tuple[int, int]] = []
         # callbacks
         self._callback_latency = {kind: _Windowed(window_ms) for kind in CALLBACK_KINDS}
         # commits
@@ -114,12 +122,34 @@ class MembershipMetrics:
 
     # -- heartbeat ---------------------------------------------------------------------------
 
-    # The two below run once per heartbeat each: `_Windowed.record` inline. A STABLE
-    # member's fast paths (`HeartbeatRequestManager.stable_beat`, `quiet_answer`) do what
-    # they do inline: change one, change those too (tests/membership/test_fast_path.py
-    # compares the metrics of both paths).
+    # A STABLE member's fast paths (`HeartbeatRequestManager.stable_beat`, `quiet_answer`)
+    # note their heartbeats in ``lane_sent`` and ``lane_answered`` instead of the two below:
+    # change one, change `settle` too (tests/membership/test_fast_path.py compares the
+    # metrics of both paths).
+
+    #: Notes kept before `settle` runs anyway (a lane that nothing reads for this many
+    #: heartbeats: the fast path calls it then).
+    LANE_NOTES = 64
+
+    def settle(self) -> None:
+        """The lane's heartbeats into the windows and counters, in the order they came."""
+        sent = self.lane_sent
+        if sent:
+            self._heartbeats._samples.extend(zip(sent, repeat(1.0)))
+            self._heartbeat_total += len(sent)
+            self._last_heartbeat_ms = sent[-1]
+            sent.clear()
+        answered = self.lane_answered
+        if answered:
+            self._heartbeat_response_time._samples.extend(
+                [(at, float(at - sent_ms)) for at, sent_ms in answered]
+            )
+            self._last_heartbeat_response_ms = answered[-1][0]
+            answered.clear()
 
     def record_heartbeat_sent(self, now_ms: int) -> None:
+        if self.lane_sent or self.lane_answered:
+            self.settle()
         window = self._heartbeats
         samples = window._samples
         samples.append((now_ms, 1.0))
@@ -129,6 +159,8 @@ class MembershipMetrics:
         self._last_heartbeat_ms = now_ms
 
     def record_heartbeat_response_time(self, now_ms: int, latency_ms: int) -> None:
+        if self.lane_sent or self.lane_answered:
+            self.settle()
         window = self._heartbeat_response_time
         samples = window._samples
         samples.append((now_ms, float(latency_ms)))
@@ -139,7 +171,8 @@ class MembershipMetrics:
     @property
     def last_heartbeat_response_ms(self) -> int | None:
         """When the coordinator last answered a heartbeat (any answer), None before one."""
-        return self._last_heartbeat_response_ms
+        answered = self.lane_answered
+        return answered[-1][0] if answered else self._last_heartbeat_response_ms
 
     # -- callbacks and commits -----------------------------------------------------------------
 
@@ -157,6 +190,8 @@ class MembershipMetrics:
 
     def snapshot(self, now_ms: int) -> dict[str, float]:
         """All metrics by their reference names, evaluated at ``now_ms``."""
+        if self.lane_sent or self.lane_answered:
+            self.settle()
 
         def seconds_ago(then: int | None) -> float:
             return -1.0 if then is None else (now_ms - then) / 1000.0

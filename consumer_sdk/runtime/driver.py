@@ -315,6 +315,11 @@ class MemberDriver:
         self._quiet_run = False
         # A quiet answer's (answered at, handout deadline) for the next snapshot.
         self._answered: tuple[int, int] | None = None
+        #: The snapshot after the last call, built by the heartbeat's lane itself when the
+        #: host passed its previous one (``prev`` of `run` and `on_response`): what
+        #: `snapshot` would return then. The host takes it (and sets it back to None)
+        #: instead of calling `snapshot`; None otherwise.
+        self.lane_snapshot: MemberSnapshot | None = None
         # The last heartbeat's `Outbound` (reused while its request is: see `run`).
         self._hb_out: Outbound | None = None
         # The request managers, in the order a run polls them (see `run`).
@@ -462,7 +467,7 @@ class MemberDriver:
 
     # -- a run ---------------------------------------------------------------------------------
 
-    def run(self, now: int, polled_ms: int = 0) -> int:
+    def run(self, now: int, polled_ms: int = 0, prev: MemberSnapshot | None = None) -> int:
         """Poll the request managers in order (coordinator, metadata, commits, offset
         fetches, heartbeat), hand what each asks for to the transport, and return how long
         (ms) the host may wait before the next run: the smallest of their waits, at most
@@ -479,7 +484,10 @@ class MemberDriver:
         ``ConsumerNetworkThread`` keeps the managers' ``maximumTimeToWait`` the same way).
 
         ``polled_ms`` (0: none): a stable member's latest poll, handed over first, as
-        `note_poll` (the heartbeat's lane takes it in with its heartbeat: one core call)."""
+        `note_poll` (the heartbeat's lane takes it in with its heartbeat: one core call).
+        ``prev``: the snapshot published after the driver's previous call (by `snapshot` or
+        as `lane_snapshot`), if the host took nothing in since: the lane then builds the
+        next one (`lane_snapshot`)."""
         due = self._due
         sm = self._sm
         if not self._poll_all and not self._fetches and sm.state is MemberState.STABLE:
@@ -514,6 +522,14 @@ class MemberDriver:
                         self.transport.send(out)
                         due[4] = when = now + (next_ms if next_ms < _IDLE_MS else _IDLE_MS)
                         self._quiet_run = True  # (`stable_beat` leaves the member STABLE)
+                        if prev is not None:
+                            # `snapshot(prev[11], prev[12], prev)`, inline
+                            self.lane_snapshot = tuple.__new__(
+                                MemberSnapshot,
+                                prev[:7]  # noqa: RUF005 (as in `snapshot`)
+                                + (True, self.heartbeat_due_ms, len(self.commits.queue))
+                                + prev[10:],
+                            )
                         first = others if others < when else when  # `min(due)`
                         return first - now if first < now + _IDLE_MS else _IDLE_MS
                 # Else the same for that manager alone, through its poll.
@@ -679,11 +695,13 @@ class MemberDriver:
 
     # -- outcomes ------------------------------------------------------------------------------
 
-    def on_response(self, now: int, request: Outbound, response: Any) -> int:
+    def on_response(
+        self, now: int, request: Outbound, response: Any, prev: MemberSnapshot | None = None
+    ) -> int:
         """Apply the answer to ``request`` (its manager's). Returns 0 (run now) or, after a
         quiet heartbeat answer of a stable member (nothing changed but the heartbeat's own
         timer), the ms until the heartbeat is next due: the host may keep its scheduled run
-        if earlier."""
+        if earlier. ``prev``: as for `run` (a quiet answer then builds `lane_snapshot`)."""
         if request.api is Api.HEARTBEAT:  # the hot path
             core = self.core
             if (
@@ -700,9 +718,25 @@ class MemberDriver:
                 if answered is not None:
                     wait_ms, handout = answered
                     self.heartbeat_in_flight = False
-                    self.heartbeat_due_ms = self._due[4] = now + wait_ms
+                    self.heartbeat_due_ms = self._due[4] = due = now + wait_ms
                     if self._quiet_run:  # else the next snapshot reads the core anyway
-                        self._answered = (now, handout)
+                        if prev is not None:
+                            # `snapshot(prev[11], prev[12], prev)` then, inline
+                            self.lane_snapshot = tuple.__new__(
+                                MemberSnapshot,
+                                prev[:7]  # noqa: RUF005 (as in `snapshot`)
+                                + (
+                                    False,
+                                    due,
+                                    len(self.commits.queue),
+                                    now,
+                                    prev[11],
+                                    prev[12],
+                                    handout,
+                                ),
+                            )
+                        else:
+                            self._answered = (now, handout)
                     return wait_ms
             return self._on_heartbeat(now, request.payload, response, None)
         self._poll_all = True

@@ -30,6 +30,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from heapq import heappush
 from typing import Any, TypeVar
 
 from confluent_kafka import KafkaError
@@ -611,52 +612,77 @@ class MemberNetwork:
             now = int(started * 1000)  # `_now_ms()`
             driver = self._driver
             inbox = self._inbox
-            while inbox:  # `_take_inbox`, inline
-                item = inbox.popleft()
-                self._taken += 1
-                if callable(item):
-                    item(driver, now)
-                else:
-                    if type(item) is Poll and item.now_ms > self._polled_taken:
-                        self._polled_taken = item.now_ms
-                    driver.submit(item)
+            prev: MemberSnapshot | None = self._snapshot  # (None once something is taken in)
+            if inbox:
+                prev = None
+                while inbox:  # `_take_inbox`, inline
+                    item = inbox.popleft()
+                    self._taken += 1
+                    if callable(item):
+                        item(driver, now)
+                    else:
+                        if type(item) is Poll and item.now_ms > self._polled_taken:
+                            self._polled_taken = item.now_ms
+                        driver.submit(item)
             polled = self.polled_ms  # a stable member's poll (about once a second): after
             if polled > self._polled_taken:  # the events queued before it, never older
                 self._polled_taken = polled
             else:
                 polled = 0
-            wait_ms = driver.run(now, polled)  # (`driver.note_poll(polled)` first)
+            wait_ms = driver.run(now, polled, prev)  # (`driver.note_poll(polled)` first)
             if self._commit_waiters or self._fetch_waiters:
                 reaper = self._reaper
                 reaper.reap(now / 1000)
                 deadline = reaper.next_deadline()
                 if deadline is not None:
                     wait_ms = min(wait_ms, max(int((deadline - now / 1000) * 1000) + 1, 0))
-            # `_publish()`, inline (once per heartbeat)
-            self._snapshot = snap = driver.snapshot(
-                self._taken, self._commits_taken, self._snapshot
-            )
-            if snap.state is not MemberState.STABLE or driver.outbox or self._core_events:
-                self._hand_over(snap)
+            # `_publish()`, inline (once per heartbeat); the heartbeat's lane built it, and
+            # leaves nothing to hand over (a STABLE member; it adds no event, and the last
+            # publish handed over what there was)
+            snap = driver.lane_snapshot
+            if snap is not None:
+                driver.lane_snapshot = None
+                self._snapshot = snap
+            else:
+                self._snapshot = snap = driver.snapshot(
+                    self._taken, self._commits_taken, self._snapshot
+                )
+                if snap.state is not MemberState.STABLE or driver.outbox or self._core_events:
+                    self._hand_over(snap)
             # `_schedule_at(started + wait)`, inline (once per heartbeat). The wait counts
             # from ``now``, which is not after ``started``: the run is never early.
             due = started + (wait_ms if wait_ms > 0 else 0) / 1000
             timer = self._timer
-            if timer is not None and not timer.cancelled:
-                if -0.001 < self._timer_due - due < 0.001:
+            if timer is not None:
+                if not timer.armed:  # it fired (nearly always: this is its run): again
+                    # `self._loop.rearm(timer, due)`, inline (once per heartbeat)
+                    self._timer_due = timer.when = due
+                    timer.cancelled = False
+                    timer.armed = True
+                    loop = self._loop
+                    heappush(loop._timers, (due, next(loop._seq), timer))
                     return
-                timer.cancelled = True  # (a fired one too: no call)
+                if not timer.cancelled:
+                    if -0.001 < self._timer_due - due < 0.001:
+                        return
+                    timer.cancelled = True
             self._timer_due = due
             self._timer = self._loop.call_at(due, self._run)
         except Exception as exc:
             self._fail(exc)
 
     def _schedule_at(self, due: float) -> None:
+        """The member's next run at ``due`` (its timer armed again, or moved)."""
         timer = self._timer
-        if timer is not None and not timer.cancelled:
-            if -0.001 < self._timer_due - due < 0.001:
+        if timer is not None:
+            if not timer.armed:
+                self._timer_due = due
+                self._loop.rearm(timer, due)
                 return
-            timer.cancelled = True  # (a fired one too: no call)
+            if not timer.cancelled:
+                if -0.001 < self._timer_due - due < 0.001:
+                    return
+                timer.cancelled = True
         self._timer_due = due
         self._timer = self._loop.call_at(due, self._run)
 
@@ -732,8 +758,13 @@ class MemberNetwork:
             started = time.monotonic()
             now = int(started * 1000)  # `_now_ms()`
             driver = self._driver
+            snap: MemberSnapshot | None = None
             if error is None:
-                wait_ms = driver.on_response(now, request, response)
+                wait_ms = driver.on_response(now, request, response, self._snapshot)
+                snap = driver.lane_snapshot  # a quiet answer's: published at once
+                if snap is not None:
+                    driver.lane_snapshot = None
+                    self._snapshot = snap
             else:
                 wait_ms = driver.on_failure(now, request, failure_of(error))
             if self._stopped:
@@ -756,14 +787,16 @@ class MemberNetwork:
                 # when it was sent: kept unless over a millisecond late (the two differ by
                 # the clock's ms rounding).
                 due = started + wait_ms / 1000  # (not early: see `_run`)
-                if due < self._timer_due - 0.001:
+                if due < self._timer_due - 0.001 or not timer.armed:
                     self._schedule_at(due)
-                # `_publish()`, inline (once per heartbeat)
-                self._snapshot = snap = driver.snapshot(
-                    self._taken, self._commits_taken, self._snapshot
-                )
-                if snap.state is not MemberState.STABLE or driver.outbox or self._core_events:
-                    self._hand_over(snap)
+                # `_publish()`, inline (once per heartbeat), unless published above (a quiet
+                # answer's, with nothing to hand over: see `_run`)
+                if snap is None:
+                    self._snapshot = snap = driver.snapshot(
+                        self._taken, self._commits_taken, self._snapshot
+                    )
+                    if snap.state is not MemberState.STABLE or driver.outbox or self._core_events:
+                        self._hand_over(snap)
                 return
         except Exception as exc:
             self._fail(exc)

@@ -123,14 +123,17 @@ def _warm_up_once() -> None:
 
 
 class Timer:
-    """A scheduled callback; `cancel` it to drop it (lazy removal from the heap)."""
+    """A scheduled callback; `cancel` it to drop it (lazy removal from the heap). ``armed``:
+    in the loop's heap (False once popped: fired or dropped); a timer no longer armed may be
+    armed again (`NetworkLoop.rearm`) instead of a new one."""
 
-    __slots__ = ("callback", "cancelled", "when")
+    __slots__ = ("armed", "callback", "cancelled", "when")
 
     def __init__(self, when: float, callback: Callable[[], None]) -> None:
         self.when = when
         self.callback = callback
         self.cancelled = False
+        self.armed = True
 
     def cancel(self) -> None:
         self.cancelled = True
@@ -241,6 +244,15 @@ class NetworkLoop:
         timer = Timer(when, callback)
         heapq.heappush(self._timers, (when, next(self._seq), timer))
         return timer
+
+    def rearm(self, timer: Timer, when: float) -> None:
+        """Schedule ``timer`` (no longer ``armed``: it fired or was dropped) again at ``when``,
+        uncancelled (loop thread only; a member's run writes this out inline)."""
+        assert not timer.armed
+        timer.when = when
+        timer.cancelled = False
+        timer.armed = True
+        heapq.heappush(self._timers, (when, next(self._seq), timer))
 
     def request(self, conn: MuxConnection, call: Call[Any], done: Done, timeout_s: float) -> None:
         """Send ``call`` over ``conn`` (from `connection`), connecting if needed;
@@ -471,6 +483,7 @@ class NetworkLoop:
         timers = self._timers
         while timers and timers[0][0] <= now:
             _, _, timer = heapq.heappop(timers)
+            timer.armed = False
             if not timer.cancelled:
                 try:
                     timer.callback()

@@ -7,11 +7,15 @@ have done nothing (the full path then runs)."""
 from __future__ import annotations
 
 import copy
+import logging
 from typing import Any
+
+import pytest
 
 from consumer_sdk.domain import HeartbeatRequest, HeartbeatResponse
 from consumer_sdk.error_codes import ErrorCode
 from consumer_sdk.membership import GroupMembership, MemberState, Poll
+from consumer_sdk.membership.metrics import MembershipMetrics
 
 from .harness import INTERVAL, T1, T2, Driver, cfg, err, ok
 
@@ -193,3 +197,141 @@ def test_a_poll_taken_in_with_the_heartbeat_agrees_with_the_poll_then_the_heartb
     assert d.state is MemberState.STABLE  # the poll came before the expired timer was read
     beat(ok(2))
     assert d.state is MemberState.STABLE
+
+
+def _lane_open(d: Checked) -> GroupMembership:
+    """``d``'s core after a few beats (the fast paths' where they answer): its lane is open."""
+    fast = d.fast
+    for _ in range(3):
+        _beat(d, ok(1))
+    assert d.fast > fast
+    core = d.core
+    assert core._heartbeat._lane is not None
+    return core
+
+
+_ENTRIES: dict[str, Any] = {
+    "poll": lambda d: d.core.poll(d.now),
+    "handle(Poll)": lambda d: d.core.handle(Poll(d.now), d.now),
+    "subscribe": lambda d: d.subscribe("t1", "t2"),
+    "on_heartbeat_response": lambda d: d.respond(ok(1)),
+    "on_heartbeat_failure": lambda d: d.fail(),
+    "on_metadata": lambda d: d.metadata(),
+    "on_coordinator_known": lambda d: d.core.on_coordinator_known(d.now, changed=True),
+    "on_coordinator_unknown": lambda d: d.core.on_coordinator_unknown(d.now),
+    "on_coordinator_connection_lost": lambda d: d.core.on_coordinator_connection_lost(),
+}
+
+
+@pytest.mark.parametrize("entry", sorted(_ENTRIES))
+def test_every_entry_but_the_fast_paths_closes_the_lane(entry: str) -> None:
+    """The lane skips checks of what only another entry can change: each entry closes it,
+    and the next beat checks in full (the fast paths and `stable_poll` keep it open)."""
+    d = Checked(cfg())
+    d.join_stable({T1: [0, 1]})
+    core = _lane_open(d)
+    assert core.stable_poll(d.now)
+    assert core._heartbeat._lane is not None
+    _ENTRIES[entry](d)
+    assert core._heartbeat._lane is None
+
+
+def test_after_a_failed_lane_heartbeat_the_next_one_is_full() -> None:
+    """A lane heartbeat that timed out: the next heartbeat carries every field again (the
+    lane must not send the plain one it has open), as the full path does."""
+    d = Checked(cfg())
+    d.join_stable({T1: [0, 1]})
+    _lane_open(d)
+    d.advance(INTERVAL)
+    sent = d.hb()  # (checked against the full path: the lane's plain heartbeat)
+    assert sent is not None and sent.topic_partitions is None
+    d.advance(3)
+    d.fail()
+    for _ in range(3):
+        d.advance(INTERVAL)
+        retry = d.hb()  # checked against the full path at each step
+        if retry is not None:
+            break
+    assert retry is not None and retry.topic_partitions is not None
+    d.advance(3)
+    d.respond(ok(1), retry)
+    for _ in range(2):
+        _beat(d, ok(1))
+    assert d.fast >= 3
+
+
+def test_with_the_coordinator_lost_the_lane_sends_nothing() -> None:
+    d = Checked(cfg())
+    d.join_stable({T1: [0, 1]})
+    core = _lane_open(d)
+    core.on_coordinator_unknown(d.now)
+    d.advance(INTERVAL)
+    assert d.hb() is None  # (checked against the full path: nothing to send)
+
+
+def test_the_lanes_metrics_read_late_equal_those_recorded_at_once() -> None:
+    """The lane notes its heartbeats and `MembershipMetrics.settle` files them: read after
+    many quiet beats (more than `MembershipMetrics.LANE_NOTES`, past the 60 s window) and
+    right after a full-path answer (a new epoch) or send (a new subscription) while notes
+    were pending, every metric and the published last answer equal those of a member
+    whose heartbeats all take the full path."""
+    lane, full = Driver(cfg()), Driver(cfg())
+    for d in (lane, full):
+        d.join_stable({T1: [0, 1]})
+    taken = 0
+    epoch = 1
+    for beat_no in range(150):
+        if beat_no == 99:
+            epoch = 2  # a new epoch: that answer takes the full path
+        for d in (lane, full):
+            if beat_no == 125:
+                d.subscribe("t1", "t2")  # the next heartbeat takes the full path
+            d.advance(INTERVAL)
+            fast = d is lane and d.core.stable_beat(d.now, d.now)  # (polled just now)
+            if not fast:
+                d.app_poll()
+            request = fast[0] if fast else d.must_hb()
+            d.advance(3 + beat_no % 7)
+            if not (d is lane and d.core.quiet_answer(d.now, ok(epoch), request)):
+                d.respond(ok(epoch), request)
+            else:
+                taken += 1
+            d.run_all()
+        # (unread, the notes are filed every `LANE_NOTES` heartbeats: they stay bounded)
+        assert len(lane.core.metrics.lane_sent) <= MembershipMetrics.LANE_NOTES
+        if beat_no in (60, 99, 125, 149):
+            assert lane.core.published() == full.core.published()
+            assert lane.core.metrics.snapshot(lane.now) == full.core.metrics.snapshot(full.now)
+    assert taken > 2 * MembershipMetrics.LANE_NOTES
+
+
+def test_the_lanes_debug_line_follows_the_level_as_it_changes(caplog: Any) -> None:
+    """The lane asks the logger's cached answer before calling ``isEnabledFor``: a level
+    turned on (or off) between beats applies from the next beat, as with the call."""
+    d = Checked(cfg())
+    d.join_stable({T1: [0, 1]})
+    _lane_open(d)
+    logger = logging.getLogger("consumer_sdk.membership")
+    lines = []
+    for level in (logging.INFO, logging.DEBUG, logging.INFO, logging.DEBUG):
+        caplog.clear()
+        with caplog.at_level(level, logger="consumer_sdk.membership"):
+            assert logger.isEnabledFor(logging.DEBUG) is (level == logging.DEBUG)
+            fast = d.fast
+            _beat(d, ok(1))
+            assert d.fast == fast + 2  # both through the fast paths
+        lines.append(sum("Sending REGULAR heartbeat" in r.getMessage() for r in caplog.records))
+    assert lines == [0, 2, 0, 2]  # (with DEBUG on: the lane's and its full-path twin's)
+
+
+def test_a_copied_core_notes_its_lane_in_its_own_metrics() -> None:
+    """The lane's notes go to the metrics of the core that took the beat: a deep copy (the
+    tests' twins, a host that snapshots a core) must not write into the original's."""
+    d = Checked(cfg())
+    d.join_stable({T1: [0, 1]})
+    core = _lane_open(d)
+    twin = _twin(core)
+    d.advance(INTERVAL)
+    beat = twin.stable_beat(d.now)
+    assert beat is not None
+    assert twin.metrics.lane_sent and not core.metrics.lane_sent

@@ -356,7 +356,9 @@ def test_a_stable_members_timer_run_polls_only_the_managers_due() -> None:
     assert [r.api for r in t.take()] == [Api.OFFSET_COMMIT]
 
 
-def _fast_path_trace(fast: bool, ending: str, polled: bool = False) -> tuple[list[Any], int]:
+def _fast_path_trace(
+    fast: bool, ending: str, polled: bool = False, answers_prev: bool = True
+) -> tuple[list[Any], int]:
     """A stable member through quiet beats and everything that must leave them (a new epoch,
     a new interval, a pending commit, a commit refused as stale, a subscription change, then
     the ``ending``: a fencing error or an expired poll timer), answered the same way; with
@@ -365,7 +367,11 @@ def _fast_path_trace(fast: bool, ending: str, polled: bool = False) -> tuple[lis
     host sees at each step, and how many heartbeats the fast paths handled. ``polled``: the
     application's polls reach the driver as the runtime's do (`MemberDriver.run`'s
     ``polled_ms``, which the heartbeat's lane takes in with its heartbeat) instead of as
-    `Poll` events; with ``fast`` False, `stable_poll` is switched off too."""
+    `Poll` events; with ``fast`` False, `stable_poll` is switched off too. The runs and
+    answers get the last snapshot as the runtime passes it (``prev``), and the step takes
+    the one the lane built (`MemberDriver.lane_snapshot`) where it did (counted in
+    ``taken`` too); ``answers_prev`` False: the answers get none (their snapshot is then
+    built by `MemberDriver.snapshot`, from what the answer left for it)."""
     d, t = joined()
     t.take()
     core = d.core
@@ -398,7 +404,13 @@ def _fast_path_trace(fast: bool, ending: str, polled: bool = False) -> tuple[lis
 
     def step(label: str, wait: int) -> None:
         metrics = core.metrics.snapshot(now)
-        snap[0] = d.snapshot(0, 0, snap[0])  # as the runtime publishes it, after each call
+        lane = d.lane_snapshot  # as the runtime publishes it, after each call
+        if lane is not None:
+            d.lane_snapshot = None
+            taken[0] += 1
+            # (the runtime then hands nothing over: there must be nothing)
+            assert not d.outbox and not core.background_events
+        snap[0] = lane if lane is not None else d.snapshot(0, 0, snap[0])
         trace.append(
             (
                 label,
@@ -432,7 +444,7 @@ def _fast_path_trace(fast: bool, ending: str, polled: bool = False) -> tuple[lis
             now += 400_000
             wait = d.run(now)
         elif polled:
-            wait = d.run(now, now)  # the application polled between beats
+            wait = d.run(now, now, snap[0])  # the application polled between beats
         else:
             d.submit(Poll(now))  # the application polls between beats
             wait = d.run(now)
@@ -454,7 +466,7 @@ def _fast_path_trace(fast: bool, ending: str, polled: bool = False) -> tuple[lis
                 fenced = ending == "fence" and beat_no >= 19 and core.state is MemberState.STABLE
                 error = E.FENCED_MEMBER_EPOCH if fenced else 0
                 response = HeartbeatResponse(error, epoch, interval)
-                wait = d.on_response(now, request, response)
+                wait = d.on_response(now, request, response, snap[0] if answers_prev else None)
                 step(f"answered {beat_no}", wait)
             else:
                 step("other", d.on_failure(now, request, Failure(FailureKind.TIMEOUT, "x")))
@@ -484,6 +496,11 @@ def test_the_stable_heartbeat_fast_path_changes_nothing_the_host_sees() -> None:
         assert len(lane) == len(full) == len(full_polled)
         for got, want, polls in zip(lane, full, full_polled, strict=True):
             assert got == want == polls
+        # The runs' lane builds its snapshot from the previous one only where that one was
+        # published after the last answer: here the answers' are built by `snapshot`.
+        mixed, taken = _fast_path_trace(True, ending, polled=True, answers_prev=False)
+        assert taken >= 10
+        assert mixed == full
 
 
 def test_a_coordinator_refusing_heartbeats_is_retried_at_the_lookups_pace() -> None:

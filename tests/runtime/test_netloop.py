@@ -33,7 +33,7 @@ from consumer_sdk.membership import (
 from consumer_sdk.membership.requests import CommitKind
 from consumer_sdk.protocol.client import ClusterClient
 from consumer_sdk.runtime.member_network import MemberNetwork
-from consumer_sdk.runtime.netloop import NetworkLoop, _SelectorPoller
+from consumer_sdk.runtime.netloop import NetworkLoop, Timer, _SelectorPoller
 from consumer_sdk.runtime.offsets import OffsetAndMetadata, committed_offsets
 from consumer_sdk.testing import EmbeddedKafka, wait_until
 
@@ -192,6 +192,23 @@ def test_stable_members_heartbeat_at_the_broker_interval(kafka: EmbeddedKafka) -
         # About 13 each at 300 ms; 4 at the 1000 ms in-flight wait.
         assert all(n >= 8 for n in sent), sent
         assert all(a.net.state is MemberState.STABLE for a in apps)
+        # Runs that are not its timer's (wake-ups) leave the member's timer in the heap once:
+        # only a timer that fired is armed again, a pending one is moved or kept.
+        net = apps[0].net
+        loop = net._loop
+        counted: list[int] = []
+        done = threading.Event()
+
+        def wake_runs() -> None:
+            for _ in range(3):
+                net._run()
+                timer = net._timer
+                counted.append(sum(1 for _, _, t in loop._timers if t is timer and t.armed))
+            done.set()
+
+        loop.call_soon(wake_runs)
+        assert done.wait(10)
+        assert counted == [1, 1, 1]
     finally:
         close_all(apps)
 
@@ -489,6 +506,50 @@ def test_no_wakeup_is_lost(monkeypatch: pytest.MonkeyPatch) -> None:
         for t in threads:
             t.join(120)
         assert failures == []
+    finally:
+        loop.release()
+
+
+def test_a_fired_timer_is_armed_again_and_a_pending_one_is_not() -> None:
+    """`NetworkLoop.rearm` (a member's run re-arms its own timer): a timer is ``armed`` while
+    in the heap, including once cancelled, and re-armed only after the loop popped it; it
+    then fires again, once per arming."""
+    loop = NetworkLoop("test-rearm")
+    loop._users = 1
+    loop._start()
+    fired: list[float] = []
+    again = threading.Event()
+    try:
+        first = threading.Event()
+        timers: list[Timer] = []
+
+        def fire() -> None:
+            fired.append(time.monotonic())
+            if len(fired) == 1:
+                first.set()
+            else:
+                again.set()
+
+        def arm() -> None:
+            timers.append(loop.call_at(time.monotonic() + 0.01, fire))
+
+        loop.call_soon(arm)
+        assert first.wait(10)
+        seen: list[bool] = []
+
+        def rearm() -> None:
+            timer = timers[0]
+            seen.append(timer.armed)  # popped and fired
+            loop.rearm(timer, time.monotonic() + 0.01)
+            seen.append(timer.armed)
+            pending = loop.call_at(time.monotonic() + 60, fire)
+            pending.cancel()
+            seen.append(pending.armed)  # cancelled, still in the heap
+
+        loop.call_soon(rearm)
+        assert again.wait(10)
+        assert seen == [False, True, True]
+        assert len(fired) == 2
     finally:
         loop.release()
 
