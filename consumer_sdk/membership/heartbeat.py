@@ -114,7 +114,6 @@ class HeartbeatTiming:
         self._exponent = 0
         self._backoff_ms = 0
         self._last_failed = False
-        self._first_immediate = False  # the last failure was retried without backoff
 
     @property
     def failed_attempts(self) -> int:
@@ -129,7 +128,6 @@ class HeartbeatTiming:
         self._attempts = 0
         self._backoff_ms = self._backoff.backoff_ms(0)
         self._last_failed = False
-        self._first_immediate = False
 
     def on_failure(
         self, now_ms: int, *, immediate_first: bool = False, skip_backoff: bool = False
@@ -148,11 +146,9 @@ class HeartbeatTiming:
         if skip_backoff or (immediate_first and self._attempts == 0):
             self._backoff_ms = 0
             self._exponent = 0
-            self._first_immediate = True
         else:
             self._backoff_ms = self._backoff.backoff_ms(self._exponent)
             self._exponent += 1
-            self._first_immediate = False
         self._attempts += 1
         self._last_failed = True
         self._timer_deadline_ms = None
@@ -169,7 +165,6 @@ class HeartbeatTiming:
         self._attempts = 0
         self._backoff_ms = 0
         self._last_failed = False
-        self._first_immediate = False
         self._timer_deadline_ms = None
 
     def update_interval(self, interval_ms: int, sent_ms: int) -> None:
@@ -525,7 +520,7 @@ class HeartbeatRequestManager:
             timing._backoff_ms = min(backoff._max, int(backoff._base * factor))
         else:
             timing._backoff_ms = min(backoff._max, backoff._base)
-        timing._last_failed = timing._first_immediate = False
+        timing._last_failed = False
         self._unreleased_since_ms = None
         confirmed = self._confirmed_sent_ms
         if confirmed is None or sent_ms > confirmed:
