@@ -133,9 +133,12 @@ class MembershipMetrics:
 
     def settle(self) -> None:
         """The lane's heartbeats into the windows and counters, in the order they came."""
+        # Each window then expires what recording the last note at once would have (times
+        # only grow): a member whose metrics nobody reads keeps one window, not every beat.
         sent = self.lane_sent
         if sent:
             self._heartbeats._samples.extend(zip(sent, repeat(1.0)))
+            self._heartbeats._expire(sent[-1])
             self._heartbeat_total += len(sent)
             self._last_heartbeat_ms = sent[-1]
             sent.clear()
@@ -144,6 +147,7 @@ class MembershipMetrics:
             self._heartbeat_response_time._samples.extend(
                 [(at, float(at - sent_ms)) for at, sent_ms in answered]
             )
+            self._heartbeat_response_time._expire(answered[-1][0])
             self._last_heartbeat_response_ms = answered[-1][0]
             answered.clear()
 

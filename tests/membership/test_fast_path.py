@@ -305,6 +305,33 @@ def test_the_lanes_metrics_read_late_equal_those_recorded_at_once() -> None:
     assert taken > 2 * MembershipMetrics.LANE_NOTES
 
 
+def test_the_lanes_unread_metrics_stay_within_their_window() -> None:
+    """A stable member whose metrics nobody reads keeps, as when each heartbeat is recorded
+    at once, only the last window's samples (plus the notes not filed yet): filing the
+    lane's notes expires what fell out of the window, so a long-lived member does not
+    grow."""
+    d = Driver(cfg())
+    d.join_stable({T1: [0, 1]})
+    taken = 0
+    for _ in range(300):  # 1,500 s of quiet beats, 25 windows
+        d.advance(INTERVAL)
+        fast = d.core.stable_beat(d.now, d.now)
+        if not fast:
+            d.app_poll()
+        request = fast[0] if fast else d.must_hb()
+        d.advance(3)
+        if d.core.quiet_answer(d.now, ok(1), request):
+            taken += 1
+        else:
+            d.respond(ok(1), request)
+        d.run_all()
+    assert taken > 250
+    metrics = d.core.metrics
+    bound = 60_000 // INTERVAL + MembershipMetrics.LANE_NOTES + 1
+    assert len(metrics._heartbeats._samples) <= bound
+    assert len(metrics._heartbeat_response_time._samples) <= bound
+
+
 def test_the_lanes_debug_line_follows_the_level_as_it_changes(caplog: Any) -> None:
     """The lane asks the logger's cached answer before calling ``isEnabledFor``: a level
     turned on (or off) between beats applies from the next beat, as with the call."""
