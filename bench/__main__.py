@@ -93,7 +93,7 @@ def _run_real(args: argparse.Namespace) -> int:
         print(
             f"{name:<10} mock {m['ratio']:.2f} (medians {m['ratio_of_medians']:.2f})  "
             f"real {r['ratio']:.2f} (medians {r['ratio_of_medians']:.2f}; "
-            f"{_spread(r['ratios'])})"
+            f"{_spread(r['ratios'])}; 95 % interval {_interval(r)})"
         )
     for mode in ("poll", "consume"):
         print(
@@ -104,6 +104,12 @@ def _run_real(args: argparse.Namespace) -> int:
         )
     print(f"updated {args.out} in {wall / 60:.1f} min")
     return 0
+
+
+def _interval(row: dict[str, Any]) -> str:
+    """A scenario's 95 % bootstrap interval of the ratio of the means, if the run has one."""
+    ci = row.get("ratio_ci95")
+    return f"{ci[0]:.2f} to {ci[1]:.2f}" if ci else "n/a"
 
 
 def _spread(values: list[float]) -> str:
@@ -147,11 +153,13 @@ def _render_real(
         "with the ratio of the medians next to it. A step takes whole heartbeat intervals "
         "plus the phase of the members' timers, so each client's times fall in clusters one "
         "interval apart (see every run below) and the median of a few samples jumps between "
-        "clusters; a single pair's ratio is the phase of that pair.",
+        "clusters; a single pair's ratio is the phase of that pair. So the last column gives "
+        "the 95 % bootstrap interval of the real ratio (the pairs resampled with "
+        "replacement): how far the goal figure moves by the draw of the phases alone.",
         "",
         "| scenario | mock: sdk | mock: confluent | mock ratio (medians; spread) | real: sdk "
-        "| real: confluent | real ratio (medians; spread) |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| real: confluent | real ratio (medians; spread) | real ratio, 95 % interval |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for name in convergence.SCENARIOS:
         m, r = mc["scenarios"][name], rc["scenarios"][name]
@@ -159,7 +167,7 @@ def _render_real(
             f"| {name} | {m['sdk_s']:.3f} s | {m['confluent_s']:.3f} s | "
             f"{m['ratio']:.2f} ({m['ratio_of_medians']:.2f}; {_spread(m['ratios'])}) | "
             f"{r['sdk_s']:.3f} s | {r['confluent_s']:.3f} s | **{r['ratio']:.2f}** "
-            f"({r['ratio_of_medians']:.2f}; {_spread(r['ratios'])}) |"
+            f"({r['ratio_of_medians']:.2f}; {_spread(r['ratios'])}) | {_interval(r)} |"
         )
     config = ", ".join(f"`{k}={v}`" for k, v in rt["config"].items())
     lines += [
