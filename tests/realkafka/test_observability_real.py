@@ -276,3 +276,59 @@ def _scrape_registry(registry: Any) -> str:
     from prometheus_client import generate_latest
 
     return generate_latest(registry).decode()
+
+
+def test_coordinator_found_before_subscribe_as_confluent_kafka(real_kafka: KafkaCluster) -> None:
+    """Both clients look the group coordinator up as soon as they are created, before
+    ``subscribe()`` (so the join heartbeat can go out with it, not one FindCoordinator round
+    trip later): their statistics' ``cgrp.state`` says "up" while they are not subscribed.
+    Then both subscribe in one group and split its partitions."""
+    topic = f"ahead-{uuid.uuid4().hex[:8]}"
+    real_kafka.create_topic(topic, partitions=4)
+    cgrp: dict[str, dict[str, Any]] = {}
+    lock = threading.Lock()
+
+    def stats_cb(name: str) -> Callable[[str], None]:
+        def on_stats(raw: str) -> None:
+            with lock:
+                cgrp[name] = json.loads(raw).get("cgrp", {})
+
+        return on_stats
+
+    def state(name: str) -> str | None:
+        with lock:
+            return cgrp.get(name, {}).get("state")
+
+    conf = {
+        "bootstrap.servers": real_kafka.bootstrap_servers,
+        "group.id": f"ahead-{uuid.uuid4().hex[:8]}",
+        "group.protocol": "consumer",
+        "statistics.interval.ms": 100,
+    }
+    sdk = Consumer({**conf, "stats_cb": stats_cb("sdk")})
+    ck = confluent_kafka.Consumer({**conf, "stats_cb": stats_cb("ck")})
+    try:
+        deadline = time.monotonic() + 30
+        while not (state("sdk") == state("ck") == "up"):
+            assert time.monotonic() < deadline, f"coordinator not found ahead: {cgrp}"
+            sdk.poll(0.05)
+            ck.poll(0.05)
+        assert sdk.health().coordinator_known
+        assert sdk.group_stats()["state"] == "up"
+        assert sdk.assignment() == [] and ck.assignment() == []  # not subscribed yet
+
+        sdk.subscribe([topic])
+        ck.subscribe([topic])
+
+        def owned(consumer: Any) -> set[int]:
+            return {tp.partition for tp in consumer.assignment()}
+
+        deadline = time.monotonic() + 30
+        while not (owned(sdk) and owned(ck) and owned(sdk) | owned(ck) == {0, 1, 2, 3}):
+            assert time.monotonic() < deadline, (owned(sdk), owned(ck))
+            sdk.poll(0.05)
+            ck.poll(0.05)
+        assert not owned(sdk) & owned(ck)
+    finally:
+        sdk.close()
+        ck.close()
