@@ -24,7 +24,7 @@ import time
 from types import CodeType, FrameType
 from typing import Any
 
-from bench.heartbeat_cost import POLL_EVERY_S, _FacadeMember, close_group
+from bench.heartbeat_cost import POLL_EVERY_S, _FacadeMember, _poll_round, close_group
 
 Tracer = Any  # sys.settrace's callback (typeshed types it loosely)
 
@@ -45,14 +45,21 @@ WAKE_UP_WORK = frozenset(
 )
 
 
-def _tracer(ops: collections.Counter[CodeType], calls: collections.Counter[CodeType]) -> Tracer:
+def _tracer(
+    ops: collections.Counter[CodeType],
+    calls: collections.Counter[CodeType],
+    skip: CodeType | None = None,
+) -> Tracer:
+    """Counts opcodes and calls per code object; ``skip``'s own frames are not counted (the
+    functions they call are)."""
+
     def local(frame: FrameType, event: str, arg: Any) -> Tracer:
         if event == "opcode":
             ops[frame.f_code] += 1
         return local
 
     def on_call(frame: FrameType, event: str, arg: Any) -> Tracer:
-        if event != "call":
+        if event != "call" or frame.f_code is skip:
             return None
         frame.f_trace_opcodes = True
         calls[frame.f_code] += 1
@@ -90,17 +97,12 @@ def measure(members: int = 100, window_s: float = 8.0, settle_s: float = 5.0) ->
                 for m in group:
                     m.poll()
                 time.sleep(0.05)
-            polls = [m.poll for m in group]
-
-            def poll_round() -> None:
-                tick = time.monotonic()
-                for poll in polls:
-                    poll()
-                time.sleep(max(0.0, POLL_EVERY_S - (time.monotonic() - tick)))
-
+            polls = _poll_round(group, "loop")  # as bench.heartbeat_cost polls them
             settle_end = time.monotonic() + settle_s
             while time.monotonic() < settle_end:
-                poll_round()
+                tick = time.monotonic()
+                polls()
+                time.sleep(max(0.0, POLL_EVERY_S - (time.monotonic() - tick)))
             beats0 = sum(m.heartbeats() for m in group)
             loop = NetworkLoop._shared
             assert loop is not None
@@ -117,13 +119,12 @@ def measure(members: int = 100, window_s: float = 8.0, settle_s: float = 5.0) ->
             loop.call_soon(trace_loop)
             on.wait()
             gc.callbacks.append(on_gc)
-            app_tracer = _tracer(app_ops, app_calls)
+            app_tracer = _tracer(app_ops, app_calls, polls.__code__)  # (the round: benchmark's)
             end = time.monotonic() + window_s
             while time.monotonic() < end:
                 tick = time.monotonic()
                 sys.settrace(app_tracer)
-                for poll in polls:
-                    poll()
+                polls()
                 sys.settrace(None)
                 time.sleep(max(0.0, POLL_EVERY_S - (time.monotonic() - tick)))
             gc.callbacks.remove(on_gc)

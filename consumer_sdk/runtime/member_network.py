@@ -213,8 +213,11 @@ class MemberNetwork:
         #: by `note_poll` (written by the application side, read by the loop's runs).
         self.polled_ms = 0
         self._polled_taken = 0  # the latest poll time the driver has (loop side)
-        #: Until when (``time.monotonic()``) `note_poll` would do nothing: a stable member's
-        #: application may skip the call before then (0.0 while not STABLE).
+        #: Until when (``time.monotonic()``) a stable member's ``poll(0)`` has nothing to do:
+        #: `note_poll` would do nothing, and no background event or failure has been handed
+        #: to the application since it was set (0.0 while not STABLE, once an event is queued
+        #: for the application, and once the member failed). The application may skip
+        #: `note_poll` and the queues' checks before then.
         self.poll_note_due = 0.0
         self._stable_poll_gap = min(1.0, c.max_poll_interval_ms / 4000)
         self._stopped = False
@@ -287,9 +290,14 @@ class MemberNetwork:
                 self._last_poll_event = now
                 self.polled_ms = int(now * 1000)
             self.poll_note_due = self._last_poll_event + self._stable_poll_gap
-            # The loop clears it when it publishes another state: if it did so before the
-            # line above, clear it here (else the next polls of a rebalance would not count).
-            if self._snapshot.state is not MemberState.STABLE:
+            # The loop clears it when it publishes another state, queues an event or fails
+            # the member (each after the change): if it did so before the line above, clear
+            # it here (else polls would skip a rebalance's counting, the event or the error).
+            if (
+                self._snapshot.state is not MemberState.STABLE
+                or self._events
+                or self.failure is not None
+            ):
                 self.poll_note_due = 0.0
             return
         self.poll_note_due = 0.0
@@ -563,6 +571,7 @@ class MemberNetwork:
                 fatal=True,
             )
         )
+        self.poll_note_due = 0.0  # after the failure: poll(0) raises it
         self._driver.fail()
         if self._timer is not None:
             self._timer.cancel()
@@ -709,6 +718,7 @@ class MemberNetwork:
             out = self._events
             while events:
                 out.append(events.popleft())
+            self.poll_note_due = 0.0  # after the events: poll(0) looks at the queue again
             notify = True
         if notify:
             self.notify()

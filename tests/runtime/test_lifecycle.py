@@ -5,6 +5,7 @@ on_commit / error_cb, coordinator-load backoff, regex subscriptions."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import logging
@@ -605,6 +606,63 @@ def test_a_stable_members_polls_reach_the_loop_as_a_time_not_as_events(
         assert net._submitted == submitted  # no event posted, no wake-up
     finally:
         c.close()
+
+
+@pytest.mark.parametrize("noted", [False, True], ids=["polled", "noted-then-polled"])
+@pytest.mark.parametrize("what", ["event", "failure", "on_commit"])
+def test_a_stable_members_poll_0_sees_what_the_loop_queued_before_its_poll_note_is_due(
+    kafka: EmbeddedKafka, what: str, noted: bool
+) -> None:
+    """`GroupMember.poll(0)` of a stable member returns at once until
+    `MemberNetwork.poll_note_due`; an event the loop hands over, or the member's failure, in
+    that time clears it, and `note_poll` called after that does not set it again: the very
+    next ``poll(0)`` raises the event's error or the failure, as the full path does; an
+    ``on_commit`` call the loop queued runs in it."""
+    from consumer_sdk import GroupMember
+    from consumer_sdk.membership import ErrorEvent
+
+    topic, group = f"pnd-{what}-{noted}", f"pnd-{what}-{noted}-g"
+    kafka.create_topic(topic, partitions=1)
+    commits: list[Any] = []
+    on_commit = lambda err, parts: commits.append(err)  # noqa: E731
+    m = GroupMember(
+        _conf(kafka, group, **{"max.poll.interval.ms": 300_000, "on_commit": on_commit})
+    )
+    net = m._net
+    try:
+        m.subscribe([topic])
+        _poll_until(m, lambda: m.state is MemberState.STABLE, "stable")
+        wait_for(lambda: m.poll(0) is None and net.poll_note_due > 0, what="poll noted")
+        due = net.poll_note_due
+
+        def queue(driver: Any) -> None:  # loop thread
+            if what == "event":
+                driver.core.background_events.append(
+                    ErrorEvent(KafkaError._TRANSPORT, "injected", False)
+                )
+                net._publish()
+            elif what == "failure":
+                net._fail(RuntimeError("injected"))
+            else:  # what the loop's commit hook does for a commit nobody waits on
+                m._report_commit(None, {})
+
+        net.call(queue)
+        if noted:
+            gap_end = time.monotonic() + 0.005  # past note_poll's minimum gap between polls
+            while time.monotonic() < gap_end:
+                pass
+            net.note_poll()
+        polled_at = time.monotonic()
+        if what == "on_commit":
+            m.poll(0)
+            assert commits == [None]
+        else:
+            with pytest.raises(KafkaException, match="injected"):
+                m.poll(0)
+        assert polled_at < due  # the poll came while the note was not due yet
+    finally:
+        with contextlib.suppress(KafkaException):
+            m.close(timeout=2)
 
 
 def test_error_cb_gets_unreachable_coordinator() -> None:
