@@ -8,11 +8,12 @@ N members (membership only) in one group on EmbeddedKafka, heartbeat interval 1 
 - ``sync``: N ``GroupMember``\\ s polled with ``poll(0)`` every 200 ms from one thread.
 
 Once all are stable, each thread's CPU over the window is read from
-``/proc/self/task/<tid>/stat`` (the application's thread: the event loop or the polling
-thread; the shared network loop's thread; the rest of the process). With ``--trace`` the
-window is counted instead of timed: ``sys.settrace`` counts Python calls and bytecodes per
-function on both threads, per heartbeat sent in the window (counts do not move with the
-machine's load; tracing slows both threads).
+``/proc/self/task/<tid>/schedstat`` (the application's thread: the event loop or the polling
+thread; the shared network loop's thread; the rest of the process), and the time cyclic GC
+passes took (``gc.callbacks``; a pass runs on whichever thread allocates at the time).
+With ``--trace`` the window is counted instead of timed: ``sys.settrace`` counts Python calls
+and bytecodes per function on both threads, per heartbeat sent in the window (counts do not
+move with the machine's load; tracing slows both threads).
 
 One kind per process, so runs can be interleaved and A/B'd against another tree::
 
@@ -25,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import gc
 import json
 import os
 import sys
@@ -36,22 +38,21 @@ from types import CodeType, FrameType
 from typing import Any
 
 POLL_EVERY_S = 0.2  # the sync members' poll(0) period (as bench.heartbeat_cost)
-_TICKS = os.sysconf("SC_CLK_TCK")
 
 Tracer = Any  # sys.settrace's callback (typeshed types it loosely)
 Counts = collections.Counter[CodeType]
 
 
 def _thread_cpu() -> dict[int, float]:
-    """CPU seconds (user + system) of each of this process's threads, by native id."""
+    """CPU seconds of each of this process's threads, by native id (schedstat: nanoseconds on
+    a CPU, finer than the stat file's clock ticks)."""
     out: dict[int, float] = {}
     for tid in os.listdir("/proc/self/task"):
         try:
-            with open(f"/proc/self/task/{tid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
+            with open(f"/proc/self/task/{tid}/schedstat") as f:
+                out[int(tid)] = int(f.read().split()[0]) / 1e9
         except OSError:
             continue
-        out[int(tid)] = (int(fields[11]) + int(fields[12])) / _TICKS
     return out
 
 
@@ -99,7 +100,15 @@ class _Window:
         self._netloop.call_soon(run)
         done.wait(10)
 
+    def _on_gc(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._gc_started = time.perf_counter()
+        else:
+            self.gc_s += time.perf_counter() - self._gc_started
+
     def start(self) -> None:
+        self.gc_s = self._gc_started = 0.0
+        gc.callbacks.append(self._on_gc)
         if self.trace:
             tracer = _tracer(*self.counts["loop"])
             self._on_loop(lambda: sys.settrace(tracer))
@@ -110,6 +119,7 @@ class _Window:
     def stop(self) -> dict[str, Any]:
         wall = time.monotonic() - self.t0
         cpu = _thread_cpu()
+        gc.callbacks.remove(self._on_gc)
         if self.trace:
             sys.settrace(None)
             self._on_loop(lambda: sys.settrace(None))
@@ -121,6 +131,7 @@ class _Window:
             "app": app / wall,
             "loop": net / wall,
             "other": sum(used.values()) / wall,
+            "gc": self.gc_s / wall,  # cyclic GC passes, on whichever thread ran them
         }
 
 
@@ -244,7 +255,7 @@ def measure(
         "stable": got["stable"],
         "load": load,
         "heartbeats_per_s": got["beats"] / shares["wall_s"],
-        "cpu": {k: v for k, v in shares.items() if k != "wall_s"},
+        "cpu": {k: v for k, v in shares.items() if k != "wall_s"},  # fractions of a core
     }
     if trace:
         out["per_heartbeat"] = {
@@ -269,13 +280,13 @@ def main() -> None:
         print(json.dumps(r))
         return
     cpu = r["cpu"]
-    total = sum(cpu.values())
+    total = cpu["app"] + cpu["loop"] + cpu["other"]
     print(
         f"{r['kind']} (auto-commit {r['auto_commit']}): {r['stable']}/{r['members']} stable, "
         f"{r['heartbeats_per_s']:.0f} hb/s, "
         f"load {r['load']:.1f}; % of a core: process {100 * total:.2f}, app thread "
         f"{100 * cpu['app']:.2f}, network loop {100 * cpu['loop']:.2f}, other "
-        f"{100 * cpu['other']:.2f}"
+        f"{100 * cpu['other']:.2f} (cyclic GC {100 * cpu['gc']:.2f})"
     )
     for thread, row in r.get("per_heartbeat", {}).items():
         print(
