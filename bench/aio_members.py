@@ -108,6 +108,7 @@ class _Window:
 
     def start(self) -> None:
         self.gc_s = self._gc_started = 0.0
+        self.gc0 = [g["collections"] for g in gc.get_stats()]
         gc.callbacks.append(self._on_gc)
         if self.trace:
             tracer = _tracer(*self.counts["loop"])
@@ -120,6 +121,7 @@ class _Window:
         wall = time.monotonic() - self.t0
         cpu = _thread_cpu()
         gc.callbacks.remove(self._on_gc)
+        passes = [g["collections"] - n for g, n in zip(gc.get_stats(), self.gc0, strict=True)]
         if self.trace:
             sys.settrace(None)
             self._on_loop(lambda: sys.settrace(None))
@@ -132,6 +134,7 @@ class _Window:
             "loop": net / wall,
             "other": sum(used.values()) / wall,
             "gc": self.gc_s / wall,  # cyclic GC passes, on whichever thread ran them
+            "gc_passes": passes,  # per generation, in the window
         }
 
 
@@ -255,7 +258,8 @@ def measure(
         "stable": got["stable"],
         "load": load,
         "heartbeats_per_s": got["beats"] / shares["wall_s"],
-        "cpu": {k: v for k, v in shares.items() if k != "wall_s"},  # fractions of a core
+        "cpu": {k: v for k, v in shares.items() if k not in ("wall_s", "gc_passes")},
+        "gc_passes": shares["gc_passes"],
     }
     if trace:
         out["per_heartbeat"] = {
@@ -286,7 +290,8 @@ def main() -> None:
         f"{r['heartbeats_per_s']:.0f} hb/s, "
         f"load {r['load']:.1f}; % of a core: process {100 * total:.2f}, app thread "
         f"{100 * cpu['app']:.2f}, network loop {100 * cpu['loop']:.2f}, other "
-        f"{100 * cpu['other']:.2f} (cyclic GC {100 * cpu['gc']:.2f})"
+        f"{100 * cpu['other']:.2f} (cyclic GC {100 * cpu['gc']:.2f}, passes per generation "
+        f"{r['gc_passes']})"
     )
     for thread, row in r.get("per_heartbeat", {}).items():
         print(
