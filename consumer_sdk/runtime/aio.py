@@ -348,7 +348,8 @@ class AIOGroupMember:
         finally:
             if timer is not None:
                 timer.cancel()
-            else:
+            elif self._woken or waiter.cancelled():
+                # Ended before its slot (else `_end_slot` took the slot away already).
                 self._loop_waker.forget(slot, waiter)
             self._waiter = None
             self._suspended_at = time.monotonic()
@@ -506,20 +507,29 @@ class AIOGroupMember:
         net = s._net
         if s._closed or s._fatal is not None or net.failure is not None:
             s._ensure_usable()
-        net.note_poll()
-        deadline = _monotonic() + _wait_seconds(timeout)
+        now = _monotonic()
+        if now >= net.poll_note_due:  # (else note_poll would do nothing), as GroupMember.poll
+            net.note_poll()
+        deadline = now + (timeout if timeout is not None and timeout >= 0 else math.inf)
         first = True
         while True:
             self._woken = False
-            if self._has_work() and await self._dispatch():
+            # `_has_work()`, inline (once per call)
+            if (
+                net.background_events
+                or s._app_callbacks
+                or net.failure is not None
+                or self._dispatching is not None
+            ) and await self._dispatch():
                 return None
             remaining = deadline - _monotonic()
             if remaining <= 0:
                 return None
-            if not first:
+            if not first and _monotonic() >= net.poll_note_due:
                 net.note_poll()
             first = False
-            wait = self._slice()
+            # `_slice()`, inline
+            wait = _POLL_EVENT_INTERVAL_S if net.state in _POLL_NEEDED else net._stable_poll_gap
             if remaining <= wait:
                 # The last wait: a timer ends it at the deadline or later (nothing to check
                 # again then); anything queued for this member wakes it first (`_resume`).

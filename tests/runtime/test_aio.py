@@ -723,7 +723,10 @@ def test_group_member_poll_runs_work_that_woke_its_last_wait(
 ) -> None:
     """A stable member's ``poll(t)`` whose one wait (``t`` within a slice) is woken by work
     (here an asynchronous commit's ``on_commit``) runs it in that call: only a wait that
-    ran to its timer returns without looking for work again."""
+    ran to its timer returns without looking for work again, and a woken wait leaves its
+    shared timer slot at once (fails when only a cancelled wait does)."""
+    from consumer_sdk.runtime import aio as aio_module
+
     topic, group = "aio-member-wake", "aio-member-wake-g"
     embedded_kafka.create_topic(topic, partitions=1)
 
@@ -748,9 +751,73 @@ def test_group_member_poll_runs_work_that_woke_its_last_wait(
             await poll
             assert len(results) == 1, "on_commit did not run in the poll it woke"
             assert loop.time() - start < 0.9
+            # The woken wait left its shared timer slot (and the slot's timer) at once.
+            assert aio_module._loop_waker(loop)._slots == {}
         await m.close()
 
     run(main(), timeout=60)
+
+
+def test_group_member_polls_keep_it_in_the_group_and_a_stopped_one_leaves(
+    embedded_kafka: EmbeddedKafka,
+) -> None:
+    """max.poll.interval.ms (1 s here) with `AIOGroupMember.poll`'s notes of the poll: a
+    member calling ``poll(0.05)`` (each call one wait, the note at its start) and one in a
+    long ``poll(5.0)`` (slices of 0.25 s, a note after each) stay in the group for 3 s; a
+    member that stops polling goes STALE and its next poll reports the exceeded interval.
+    Fails when the call's first note or the notes between slices are skipped."""
+    topic, group = "aio-max-poll", "aio-max-poll-g"
+    embedded_kafka.create_topic(topic, partitions=3)
+
+    async def main() -> None:
+        errors: dict[str, list[Any]] = {"short": [], "long": [], "stops": []}
+        members = {
+            name: AIOGroupMember(
+                {
+                    **config(embedded_kafka, group),
+                    "max.poll.interval.ms": 1000,
+                    "error_cb": errors[name].append,
+                }
+            )
+            for name in errors
+        }
+        for m in members.values():
+            await m.subscribe([topic])
+        stable = asyncio.Event()
+        stop = asyncio.Event()
+
+        async def keep(m: AIOGroupMember, timeout: float) -> None:
+            while not stop.is_set():
+                await m.poll(timeout if stable.is_set() else 0.05)
+
+        polling = [
+            asyncio.create_task(keep(members["short"], 0.05)),
+            asyncio.create_task(keep(members["long"], 5.0)),
+        ]
+        stopper = members["stops"]
+        deadline = time.monotonic() + 30
+        while not all(m.state is MemberState.STABLE and m.assignment() for m in members.values()):
+            assert time.monotonic() < deadline, [m.state for m in members.values()]
+            await stopper.poll(0.05)
+        stable.set()
+        seen: dict[str, set[MemberState]] = {"short": set(), "long": set()}
+        end = time.monotonic() + 3.0
+        while time.monotonic() < end:
+            for name in seen:
+                seen[name].add(members[name].state)
+            await asyncio.sleep(0.02)
+        assert MemberState.STALE not in seen["short"] | seen["long"], seen
+        assert errors["short"] == [] and errors["long"] == [], errors
+        assert stopper.state is MemberState.STALE, stopper.state
+        await stopper.poll(0.5)
+        assert [e.code() for e in errors["stops"]][:1] == [
+            confluent_kafka.KafkaError._MAX_POLL_EXCEEDED
+        ], errors["stops"]
+        stop.set()
+        await asyncio.gather(*polling)
+        await asyncio.gather(*(m.close() for m in members.values()))
+
+    run(main(), timeout=90)
 
 
 def _read_offsets(out: Any, printed: list[int], enough_at: int, enough: threading.Event) -> None:
