@@ -10,7 +10,8 @@ In one run, on one EmbeddedKafka:
 - ``throughput``: records per second of ``async for`` and ``await consume(500)`` against the
   sync ``Consumer.consume(500)`` (goal >= 0.9x) and confluent-kafka's ``AIOConsumer``
   (``consume(500)`` in its thread pool; goal >= 1.0x), interleaved, median of the pairs'
-  ratios.
+  ratios; ``async for`` also against confluent-kafka's one-record-per-call ``await poll()``
+  (it has no ``async for``).
 - ``members``: 1,000 ``AIOGroupMember``\\ s on one event loop (a task each, ``await
   poll(1.0)`` in a loop) at a 1 s heartbeat interval: CPU share of the process (event loop +
   network loop) over a window once all are stable. Goal: under 10 % of one core.
@@ -310,8 +311,16 @@ async def _aio(
 
 
 async def _confluent_aio(
-    bootstrap: str, topic: str, n: int, tick: bool = False, prefetch: bool = False
+    bootstrap: str,
+    topic: str,
+    n: int,
+    tick: bool = False,
+    prefetch: bool = False,
+    per_record: bool = False,
 ) -> Any:
+    """confluent-kafka's AIOConsumer: ``consume(500)``, or with ``per_record`` its per-record
+    call, ``await poll(1.0)`` (it has no ``async for``; each call is one hop to its thread
+    pool)."""
     import confluent_kafka
     import confluent_kafka.aio
 
@@ -333,7 +342,13 @@ async def _confluent_aio(
             msgs: list[Any] = await c.consume(500, 1.0)
             return msgs
 
-        return await _read(step, n, _Ticker() if tick else None, prefill)
+        async def step_one() -> list[Any]:
+            msg = await c.poll(1.0)
+            return [] if msg is None else [msg]
+
+        return await _read(
+            step_one if per_record else step, n, _Ticker() if tick else None, prefill
+        )
     finally:
         if release is not None:
             release()
@@ -506,8 +521,12 @@ async def _members(bootstrap: str, count: int, window_s: float) -> dict[str, Any
     }
 
 
+#: Records read by confluent-kafka's one-record-per-call reader (its rate, in a few seconds).
+_PER_RECORD_READ = 20_000
+
+
 def _throughput(bootstrap: str, topic: str, n: int, pairs: int, prefetch: bool) -> dict[str, Any]:
-    """``pairs`` interleaved rounds of the four readers over the same ``n`` records; with
+    """``pairs`` interleaved rounds of the five readers over the same ``n`` records; with
     ``prefetch`` each is timed from when librdkafka has queued the records it has still to
     read (its own reading: no wait for the broker), else from its first record on."""
     rates: dict[str, list[float]] = {}
@@ -515,15 +534,23 @@ def _throughput(bootstrap: str, topic: str, n: int, pairs: int, prefetch: bool) 
     ratios: dict[str, list[float]] = {}
     cpu_ratios: dict[str, list[float]] = {}
     for i in range(pairs):
-        order = ["sync", "aio_for", "aio_consume", "confluent_aio"]
+        order = ["sync", "aio_for", "aio_consume", "confluent_aio", "confluent_aio_poll"]
         if i % 2:
             order.reverse()
         got: dict[str, tuple[float, float]] = {}
         for name in order:
             if name == "sync":
                 got[name] = _sync(bootstrap, topic, n, prefetch)
-            elif name == "confluent_aio":
-                got[name] = asyncio.run(_confluent_aio(bootstrap, topic, n, prefetch=prefetch))[0]
+            elif name in ("confluent_aio", "confluent_aio_poll"):
+                per_record = name == "confluent_aio_poll"
+                # A thread-pool hop per record reads ~100x slower: a part of the records
+                # gives its rate.
+                count = min(n, _PER_RECORD_READ) if per_record else n
+                got[name] = asyncio.run(
+                    _confluent_aio(
+                        bootstrap, topic, count, prefetch=prefetch, per_record=per_record
+                    )
+                )[0]
             else:
                 mode = "for" if name == "aio_for" else "consume"
                 got[name] = asyncio.run(_aio(bootstrap, topic, n, mode, prefetch=prefetch))[0]
@@ -535,6 +562,10 @@ def _throughput(bootstrap: str, topic: str, n: int, pairs: int, prefetch: bool) 
                 key = f"{mine}_vs_{other}"
                 ratios.setdefault(key, []).append(got[mine][0] / got[other][0])
                 cpu_ratios.setdefault(key, []).append(got[mine][1] / got[other][1])
+        # `async for` against confluent-kafka's own one-record-per-call API
+        key = "aio_for_vs_confluent_aio_poll"
+        ratios.setdefault(key, []).append(got["aio_for"][0] / got["confluent_aio_poll"][0])
+        cpu_ratios.setdefault(key, []).append(got["aio_for"][1] / got["confluent_aio_poll"][1])
     return {
         "prefetch": prefetch,
         "per_s": {k: statistics.median(v) for k, v in rates.items()},
@@ -614,7 +645,19 @@ def _throughput_table(t: dict[str, Any]) -> list[str]:
         f"{cell('aio_consume_vs_sync')} | {cell('aio_consume_vs_confluent_aio')} |",
         f"| sync `Consumer.consume(500)` | {t['per_s']['sync']:,.0f} | | |",
         f"| confluent-kafka `AIOConsumer.consume(500)` | {t['per_s']['confluent_aio']:,.0f} | | |",
-    ]
+    ] + (
+        [
+            f"| confluent-kafka `await AIOConsumer.poll()`, one record per call (it has no "
+            f"`async for`) | {t['per_s']['confluent_aio_poll']:,.0f} | | |",
+            "",
+            "`async for` against confluent-kafka's one-record-per-call API, `await "
+            f"AIOConsumer.poll()` (a thread-pool hop per record; it reads {_PER_RECORD_READ:,} "
+            "of the records): "
+            f"{cell('aio_for_vs_confluent_aio_poll')}.",
+        ]
+        if "confluent_aio_poll" in t["per_s"]
+        else []
+    )
 
 
 def render(result: dict[str, Any]) -> list[str]:
@@ -627,8 +670,8 @@ def render(result: dict[str, Any]) -> list[str]:
         "## asyncio face (`consumer_sdk.aio`)",
         "",
         f"`python -m bench.aio` on EmbeddedKafka: {result['records']:,} records of "
-        f"{result['record_bytes']} bytes over 6 partitions, read by each of the four "
-        "consumers in interleaved rounds (median of the rounds' ratios, lowest-highest in "
+        f"{result['record_bytes']} bytes over 6 partitions, read by each of the five "
+        "readers in interleaved rounds (median of the rounds' ratios, lowest-highest in "
         'brackets; "per CPU s": records per CPU second of the process, which other load on '
         "a shared machine disturbs less than wall-clock rates)."
         + (
@@ -653,9 +696,9 @@ def render(result: dict[str, Any]) -> list[str]:
     if b is not None:
         lines += [
             "",
-            f"The same four read from the mock broker as it delivers ({result['broker_pairs']} "
+            f"The same five read from the mock broker as it delivers ({result['broker_pairs']} "
             "rounds; timed from each consumer's first record): the mock (another process on "
-            "the same 2 cores) is then the bottleneck for all four (the consumer's thread "
+            "the same 2 cores) is then the bottleneck for all five (the consumer's thread "
             "waits for records most of the read), so these rates follow the mock's fetch "
             "round trips and the machine's load of the moment more than the consumer.",
             "",
@@ -954,10 +997,17 @@ def _verdicts(result: dict[str, Any]) -> list[str]:
         r = t["ratios"]
         for mine, label in (("aio_for", "`async for`"), ("aio_consume", "`await consume(500)`")):
             sync, ck = r[f"{mine}_vs_sync"], r[f"{mine}_vs_confluent_aio"]
-            out.append(
+            text = (
                 f"- {label}{where}: {sync:.2f}x sync ({verdict(sync, 0.9, True)}), {ck:.2f}x "
                 f"confluent-kafka's AIOConsumer ({verdict(ck, 1.0, True)})"
             )
+            per_record = r.get(f"{mine}_vs_confluent_aio_poll")
+            if per_record is not None:
+                text += (
+                    f"; {per_record:.2f}x its one-record-per-call `await poll()` "
+                    f"({verdict(per_record, 1.0, True)})"
+                )
+            out.append(text)
     for key, label in (("aio_for", "`async for`"), ("aio_consume", "`await consume(500)`")):
         row = g[key]
         text = (
