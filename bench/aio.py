@@ -455,14 +455,20 @@ def _sync(bootstrap: str, topic: str, n: int, prefetch: bool = False) -> tuple[f
 _PARTITIONS = 6
 
 
-async def _members(bootstrap: str, count: int, window_s: float) -> dict[str, Any]:
+async def start_members(
+    bootstrap: str, count: int, extra: dict[str, Any] | None = None
+) -> tuple[list[Any], asyncio.Event, list[asyncio.Task[None]], float]:
+    """``count`` ``AIOGroupMember``\\ s in a new group on topic ``aio-hb``, a task each
+    looping ``await poll(1.0)`` until the returned event is set; returns once all are STABLE
+    (or 60 s + 0.1 s per member passed) and join-time traffic drained: the members, the
+    event, the tasks and the seconds until all were stable."""
     from consumer_sdk import MemberState
     from consumer_sdk.aio import AIOGroupMember
-    from consumer_sdk.runtime.netloop import NetworkLoop
 
     group = f"aio-hb-{uuid.uuid4().hex[:6]}"  # a run never meets an earlier run's members
     members = [
-        AIOGroupMember({"bootstrap.servers": bootstrap, "group.id": group}) for _ in range(count)
+        AIOGroupMember({"bootstrap.servers": bootstrap, "group.id": group, **(extra or {})})
+        for _ in range(count)
     ]
     stop = asyncio.Event()
 
@@ -480,6 +486,14 @@ async def _members(bootstrap: str, count: int, window_s: float) -> dict[str, Any
         await asyncio.sleep(0.1)
     join_s = time.monotonic() - t_join
     await asyncio.sleep(1.5)  # let join-time traffic drain
+    return members, stop, tasks, join_s
+
+
+async def _members(bootstrap: str, count: int, window_s: float) -> dict[str, Any]:
+    from consumer_sdk import MemberState
+    from consumer_sdk.runtime.netloop import NetworkLoop
+
+    members, stop, tasks, join_s = await start_members(bootstrap, count)
     beats0 = sum(m.metrics()["heartbeat-total"] for m in members)
     gc_s = [0.0, 0.0]  # collections' time in the window, and when the current one started
 

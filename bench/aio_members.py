@@ -157,26 +157,10 @@ def _per_beat(ops: Counts, calls: Counts, beats: float, top: int) -> dict[str, A
 async def _aio(
     bootstrap: str, count: int, window_s: float, trace: bool, extra: dict[str, Any]
 ) -> dict[str, Any]:
+    from bench.aio import start_members
     from consumer_sdk import MemberState
-    from consumer_sdk.aio import AIOGroupMember
 
-    group = f"aio-hb-{uuid.uuid4().hex[:6]}"
-    members = [
-        AIOGroupMember({"bootstrap.servers": bootstrap, "group.id": group, **extra})
-        for _ in range(count)
-    ]
-    stop = asyncio.Event()
-
-    async def drive(m: AIOGroupMember) -> None:
-        await m.subscribe(["aio-hb"])
-        while not stop.is_set():
-            await m.poll(1.0)
-
-    tasks = [asyncio.create_task(drive(m)) for m in members]
-    deadline = time.monotonic() + 60 + count * 0.1
-    while time.monotonic() < deadline and not all(m.state is MemberState.STABLE for m in members):
-        await asyncio.sleep(0.1)
-    await asyncio.sleep(2.0)  # let join-time traffic drain
+    members, stop, tasks, _ = await start_members(bootstrap, count, extra)
     window = _Window(trace)
     beats0 = sum(m.metrics()["heartbeat-total"] for m in members)
     window.start()
