@@ -995,7 +995,8 @@ def _verdicts(result: dict[str, Any]) -> list[str]:
         if met:
             return "met"
         if at_least:
-            return f"missed by {(1 - value / goal) * 100:.0f} %"
+            short = (1 - value / goal) * 100
+            return f"missed by {short:.0f} %" if short >= 1 else f"missed by {short:.1f} %"
         return f"missed: {value / goal:.1f}x the goal"
 
     g = result["loop_gap"]
