@@ -267,6 +267,11 @@ class MemberDriver:
         self.core = core
         self._sm = core.state_machine  # ``self._sm.state``: the member's state
         self.transport = transport
+        # The transport's connection change counter, if it has one (`LoopTransport`): while
+        # it holds, `_conn_memo` (counter, coordinator, its `connection_id`) is the answer
+        # the transport would give for that coordinator (see the lane in `run`).
+        self._conn_changes: list[int] | None = getattr(transport, "conn_changes", None)
+        self._conn_memo: tuple[int, Coordinator | None, Hashable | None] = (-1, None, None)
         self.shared = shared
         self._host_wake = wake
         #: Commit ids (the host may hand them out ahead, from any thread: `commit` takes one).
@@ -507,9 +512,18 @@ class MemberDriver:
                     and target is not None
                     and out.coordinator is target
                     and not core.app_events
-                    and self.transport.connection_id(target) == hb_conn
                 ):
-                    beat = core.stable_beat(now, polled_ms)
+                    # `self.transport.connection_id(target)`, asked again only once a
+                    # connection changed state (or the coordinator is another)
+                    memo = self._conn_memo
+                    changes = self._conn_changes
+                    if changes is not None and memo[1] is target and memo[0] == changes[0]:
+                        conn_id = memo[2]
+                    else:
+                        conn_id = self.transport.connection_id(target)
+                        if changes is not None:
+                            self._conn_memo = (changes[0], target, conn_id)
+                    beat = core.stable_beat(now, polled_ms) if conn_id == hb_conn else None
                     if beat is not None:
                         plain, next_ms = beat
                         self.heartbeat_due_ms = now + next_ms

@@ -58,6 +58,10 @@ class LoopTransport:
         self._deliver = deliver
         self._logger = logger
         self.conns: dict[tuple[str, int], MuxConnection] = {}
+        #: The loop's connections' change counter (see `MemberDriver.run`'s lane): while
+        #: ``conn_changes[0]`` holds and ``conns`` is not cleared, `connection_id` answers
+        #: each coordinator as before.
+        self.conn_changes: list[int] = loop.conn_changes
         self.heartbeat_trace: HeartbeatTrace | None = None
         #: Diagnostics: called with each heartbeat request as it is handed to its connection.
         self.heartbeat_sent: Callable[[HeartbeatRequest], None] | None = None
@@ -72,6 +76,12 @@ class LoopTransport:
             if conn.log_target is None:
                 conn.log_target = self._logger
         return conn
+
+    def drop_connections(self) -> None:
+        """Forget the connections used so far: the next requests get the loop's connection
+        for the current settings (new credentials: another connection)."""
+        self.conns.clear()
+        self.conn_changes[0] += 1  # `connection_id` may answer otherwise now
 
     def connection_id(self, coordinator: Coordinator) -> Hashable | None:
         conn = self.conns.get((coordinator.host, coordinator.port))
