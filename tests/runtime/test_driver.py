@@ -24,6 +24,7 @@ from consumer_sdk.membership import (
     Close,
     CommitCompleted,
     CommitNeeded,
+    ErrorEvent,
     Failure,
     FailureKind,
     GroupMembership,
@@ -371,6 +372,78 @@ def test_the_lanes_connection_check_is_asked_again_for_a_new_coordinator() -> No
     plain, now, wait = _quiet_beats(d, t, now, wait, 4)
     # the lane, on the new coordinator's connection (full runs ask, see above)
     assert plain == 4 and t.asked <= 2
+
+
+def _lane_in_flight(t: ScriptedTransport) -> tuple[MemberDriver, Outbound, int]:
+    """A stable member whose lane is open, its heartbeat in flight: (driver, that heartbeat,
+    now)."""
+    d, _ = joined(transport=t)
+    t.take()
+    _, now, wait = _quiet_beats(d, t, 0, d.run(0), 6)
+    while True:  # the next lane run (not one of the idle managers' full runs)
+        now += wait
+        wait = d.run(now)
+        (hb,) = [r for r in t.take() if r.api is Api.HEARTBEAT]
+        if d._lane_open:
+            assert hb.payload.subscribed_topic_names is None
+            return d, hb, now
+        now += 2
+        wait = d.on_response(now, hb, HeartbeatResponse(0, 5, 1000))
+
+
+def test_an_event_while_the_lanes_heartbeat_is_in_flight_makes_its_answer_full() -> None:
+    """The driver's lane skips the quiet answer's checks only while nothing else entered the
+    driver since its heartbeat went out: an application event queued then makes the answer
+    take the full path (run the member now)."""
+    d, hb, now = _lane_in_flight(CountingTransport())
+    d.submit(Subscribe(topics=("t", "u")))
+    assert d.on_response(now + 2, hb, HeartbeatResponse(0, 5, 1000)) == 0
+    d.run(now + 2)
+    assert not d.core.app_events  # taken in
+
+
+def test_an_event_for_the_application_pending_at_the_lanes_send_makes_its_answer_full() -> None:
+    """The driver's lane opens only when `on_response`'s quiet-answer checks hold: an event
+    for the application still pending (the host has not taken it) when the lane's heartbeat
+    goes out makes its answer take the full path, as without the lane."""
+    t = CountingTransport()
+    d, hb, now = _lane_in_flight(t)
+    now += 2
+    wait = d.on_response(now, hb, HeartbeatResponse(0, 5, 1000))
+    while not (d._others_due > now + wait + d._hb_period):  # up to a lane run
+        now += wait
+        d.run(now)
+        (hb,) = t.take()
+        now += 2
+        wait = d.on_response(now, hb, HeartbeatResponse(0, 5, 1000))
+    d._lane_open = False  # (as after any other entry: the lane opens again at its send)
+    d.core.background_events.append(ErrorEvent(-1, "not taken yet", False))
+    now += wait
+    d.run(now)
+    (hb,) = t.take()
+    assert hb.payload.subscribed_topic_names is None  # the lane's heartbeat
+    assert d.on_response(now + 2, hb, HeartbeatResponse(0, 5, 1000)) == 0  # the full path
+
+
+def test_a_poll_queued_after_a_quiet_answer_is_taken_in_by_the_next_run() -> None:
+    """A `Poll` event (a stable member's poll as an event: the simulator's and the runtime's
+    during a rebalance) queued between the lane's quiet answer and its next run: that run
+    takes it in (it does not skip the lane's checks)."""
+    t = CountingTransport()
+    d, hb, now = _lane_in_flight(t)
+    while True:
+        now += 2
+        wait = d.on_response(now, hb, HeartbeatResponse(0, 5, 1000))
+        assert wait > 0
+        now += wait
+        if d._lane_open and d._others_due > now + d._hb_period:  # the next run: the lane's
+            break
+        d.run(now)
+        (hb,) = t.take()
+    d.submit(Poll(now))
+    d.run(now)
+    assert not d.core.app_events
+    assert [r.api for r in t.take()] == [Api.HEARTBEAT]
 
 
 def test_a_disconnected_heartbeat_forgets_the_coordinator_for_every_member() -> None:
