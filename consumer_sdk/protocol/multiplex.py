@@ -47,7 +47,16 @@ from consumer_sdk.protocol.framing import (
 from consumer_sdk.protocol.heartbeat_codec import HeartbeatEncoder
 from consumer_sdk.protocol.security import ConnectionSettings
 
-__all__ = ["Call", "Done", "HeartbeatCall", "KioCall", "MuxConnection", "VersionCache"]
+__all__ = [
+    "HB_API",
+    "HB_PREFIX",
+    "Call",
+    "Done",
+    "HeartbeatCall",
+    "KioCall",
+    "MuxConnection",
+    "VersionCache",
+]
 
 log = logging.getLogger("consumer_sdk.protocol")
 
@@ -59,8 +68,9 @@ Done = Callable[[Any, KafkaException | None], None]
 
 _RECV_BYTES = 256 * 1024
 _CID = struct.Struct(">i")  # a response frame's correlation id (see `peek_correlation_id`)
-_HB_API = m.API_CONSUMER_GROUP_HEARTBEAT
-_HB_PREFIX = struct.Struct(">ihhi")  # frame length, api key, api version, correlation id
+_HB_API = HB_API = m.API_CONSUMER_GROUP_HEARTBEAT
+#: A request frame's first four fields: frame length, api key, api version, correlation id.
+_HB_PREFIX = HB_PREFIX = struct.Struct(">ihhi")
 
 
 class VersionCache:
@@ -232,6 +242,9 @@ class MuxConnection:
         self.reauth_at: float | None = None
         self.paused = False
         self.generation = 0  # bumped per established socket (stale timers check it)
+        #: Bumped (``changes[0] += 1``) at every change of ``state``; the owner may share one
+        #: list among its connections: while it holds, no connection changed state or socket.
+        self.changes: list[int] = [0]
         self.reauthentications = 0
         # Where the connection's own log records go (the ``logger`` of the member that opened
         # it); None: the consumer_sdk loggers.
@@ -348,6 +361,7 @@ class MuxConnection:
 
     def start_connecting(self) -> None:
         self.state = self.CONNECTING
+        self.changes[0] += 1
 
     def connected(self, conn: BrokerConnection) -> None:
         """The blocking setup (or re-authentication) succeeded: take its socket over and send
@@ -366,6 +380,7 @@ class MuxConnection:
         self.paused = False
         self.failures = 0
         self.generation += 1
+        self.changes[0] += 1
         if reauthenticated:
             self.reauthentications += 1
         else:
@@ -393,6 +408,7 @@ class MuxConnection:
         assert sock is not None and self.ready_for_reauth
         self.sock = None
         self.state = self.REAUTHENTICATING
+        self.changes[0] += 1
         next_cid = (self._cid + 1) & 0x7FFFFFFF
         return BrokerConnection.adopt(
             self.host, self.port, self.settings, sock, next_cid, self.versions.api_versions
@@ -402,6 +418,7 @@ class MuxConnection:
         self.failures += 1
         self.retry_at = now + backoff_s
         self.state = self.NEW
+        self.changes[0] += 1
         queued, self._queued = self._queued, deque()
         for w in queued:
             _complete(w, None, exc)
@@ -521,6 +538,7 @@ class MuxConnection:
                 sock.close()
         was_ready = self.state == self.READY
         self.state = self.NEW if error is not None else self.CLOSED
+        self.changes[0] += 1
         self.paused = False
         self._out.clear()
         exc = error or KafkaTransportError(f"connection to {self.host}:{self.port} closed")

@@ -267,6 +267,11 @@ class MemberDriver:
         self.core = core
         self._sm = core.state_machine  # ``self._sm.state``: the member's state
         self.transport = transport
+        # The transport's connection change counter, if it has one (`LoopTransport`): while
+        # it holds, `_conn_memo` (counter, coordinator, its `connection_id`) is the answer
+        # the transport would give for that coordinator (see the lane in `run`).
+        self._conn_changes: list[int] | None = getattr(transport, "conn_changes", None)
+        self._conn_memo: tuple[int, Coordinator | None, Hashable | None] = (-1, None, None)
         self.shared = shared
         self._host_wake = wake
         #: Commit ids (the host may hand them out ahead, from any thread: `commit` takes one).
@@ -313,6 +318,13 @@ class MemberDriver:
         # The last call was such a timer run that left the member STABLE, or a quiet
         # heartbeat answer after one (see `snapshot`).
         self._quiet_run = False
+        # The driver's lane is open (read with ``_quiet_run``, which every other entry
+        # clears): the last heartbeat went out through the lane in `run`, with what its
+        # checks and `on_response`'s quiet-answer checks read holding then, and only the
+        # lane's runs and quiet answers entered since. While open, both skip those checks
+        # (the coordinator, the connection answered on, the events queued, the commits
+        # waiting for an epoch): only another entry can change what they read.
+        self._lane_open = False
         # A quiet answer's (answered at, handout deadline) for the next snapshot.
         self._answered: tuple[int, int] | None = None
         #: The snapshot after the last call, built by the heartbeat's lane itself when the
@@ -499,40 +511,69 @@ class MemberDriver:
                 # fast path, inline (one call per heartbeat less).
                 core = self.core
                 out = self._hb_out
-                hb_conn = self._hb_conn
-                target = self.coordinator.coordinator
+                changes = self._conn_changes
                 if (
-                    out is not None
-                    and hb_conn is not None
-                    and target is not None
-                    and out.coordinator is target
-                    and not core.app_events
-                    and self.transport.connection_id(target) == hb_conn
+                    self._lane_open
+                    and self._quiet_run
+                    and changes is not None
+                    and self._conn_memo[0] == changes[0]
                 ):
+                    # The lane is open and no connection changed state: its checks below
+                    # hold as when it opened (see ``_lane_open``)
                     beat = core.stable_beat(now, polled_ms)
-                    if beat is not None:
-                        plain, next_ms = beat
-                        self.heartbeat_due_ms = now + next_ms
-                        self.heartbeat_in_flight = True
-                        self._hb_period = next_ms
-                        if out.payload is not plain:
-                            out = self._hb_out = Outbound(
-                                Api.HEARTBEAT, plain, target, self._timeout_ms(True)
-                            )
-                        self.transport.send(out)
-                        due[4] = when = now + (next_ms if next_ms < _IDLE_MS else _IDLE_MS)
-                        self._quiet_run = True  # (`stable_beat` leaves the member STABLE)
-                        if prev is not None:
-                            # `snapshot(prev[11], prev[12], prev)`, inline
-                            self.lane_snapshot = tuple.__new__(
-                                MemberSnapshot,
-                                prev[:7]  # noqa: RUF005 (as in `snapshot`)
-                                + (True, self.heartbeat_due_ms, len(self.commits.queue))
-                                + prev[10:],
-                            )
-                        first = others if others < when else when  # `min(due)`
-                        return first - now if first < now + _IDLE_MS else _IDLE_MS
+                else:
+                    self._lane_open = False
+                    hb_conn = self._hb_conn
+                    target = self.coordinator.coordinator
+                    beat = None
+                    if (
+                        out is not None
+                        and hb_conn is not None
+                        and target is not None
+                        and out.coordinator is target
+                        and not core.app_events
+                    ):
+                        # `self.transport.connection_id(target)`, asked again only once a
+                        # connection changed state (or the coordinator is another)
+                        memo = self._conn_memo
+                        if changes is not None and memo[1] is target and memo[0] == changes[0]:
+                            conn_id = memo[2]
+                        else:
+                            conn_id = self.transport.connection_id(target)
+                            if changes is not None:
+                                self._conn_memo = (changes[0], target, conn_id)
+                        if conn_id == hb_conn:
+                            beat = core.stable_beat(now, polled_ms)
+                if beat is not None:
+                    assert out is not None  # (checked when the lane opened, or just now)
+                    plain, next_ms = beat
+                    self.heartbeat_due_ms = now + next_ms
+                    self.heartbeat_in_flight = True
+                    self._hb_period = next_ms
+                    if out.payload is not plain:  # (to ``out.coordinator``: ``target``)
+                        out = self._hb_out = Outbound(
+                            Api.HEARTBEAT, plain, out.coordinator, self._timeout_ms(True)
+                        )
+                    self.transport.send(out)
+                    due[4] = when = now + (next_ms if next_ms < _IDLE_MS else _IDLE_MS)
+                    self._quiet_run = True  # (`stable_beat` leaves the member STABLE)
+                    queue = self.commits.queue
+                    if not self._lane_open:  # (`on_response`'s quiet-answer checks)
+                        self._lane_open = not core.background_events and not (
+                            queue and self.commits.awaiting_epoch
+                        )
+                    if prev is not None:
+                        # `snapshot(prev[11], prev[12], prev)`, inline
+                        self.lane_snapshot = tuple.__new__(
+                            MemberSnapshot,
+                            prev[:7]  # noqa: RUF005 (as in `snapshot`)
+                            + (True, self.heartbeat_due_ms, len(queue))
+                            + prev[10:],
+                        )
+                    first = others if others < when else when  # `min(due)`
+                    return first - now if first < now + _IDLE_MS else _IDLE_MS
                 # Else the same for that manager alone, through its poll.
+                self._lane_open = False
                 if polled_ms:
                     self.note_poll(polled_ms)
                 requests, next_ms = self._managers[4].poll(now)
@@ -552,7 +593,7 @@ class MemberDriver:
         send = self.transport.send
         stable = sm.state is MemberState.STABLE
         everything = self._poll_all or not stable
-        self._poll_all = self._quiet_run = False
+        self._poll_all = self._quiet_run = self._lane_open = False
         first = _IDLE_MS + now
         # A manager due before the heartbeat's next run (about one period on) is polled in
         # this one (early is always allowed): the idle managers' waits add no wake-ups.
@@ -704,13 +745,15 @@ class MemberDriver:
         if earlier. ``prev``: as for `run` (a quiet answer then builds `lane_snapshot`)."""
         if request.api is Api.HEARTBEAT:  # the hot path
             core = self.core
-            if (
-                not self.stopped
-                and self._hb_conn is not None
-                and self.coordinator.coordinator is not None
-                and not core.app_events
-                and not core.background_events
-                and not (self.commits.queue and self.commits.awaiting_epoch)
+            if not self.stopped and (
+                (self._lane_open and self._quiet_run)  # (these hold: see ``_lane_open``)
+                or (
+                    self._hb_conn is not None
+                    and self.coordinator.coordinator is not None
+                    and not core.app_events
+                    and not core.background_events
+                    and not (self.commits.queue and self.commits.awaiting_epoch)
+                )
             ):
                 # A STABLE member's answer that changes nothing: what `_on_heartbeat` does
                 # for it (None, and nothing done, for any other answer).

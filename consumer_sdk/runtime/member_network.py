@@ -438,7 +438,7 @@ class MemberNetwork:
         """New SASL PLAIN/SCRAM credentials from the next authentication on: this member's
         next requests go over connections authenticated with them (open ones stay up)."""
         self._transport.settings.credentials.set(username, password)
-        self._loop.call_soon(self._transport.conns.clear)
+        self._loop.call_soon(self._transport.drop_connections)
 
     def drain_background_events(self) -> list[BackgroundEvent]:
         out: list[BackgroundEvent] = []

@@ -165,6 +165,9 @@ class NetworkLoop:
         self._timers: list[tuple[float, int, Timer]] = []
         self._seq = itertools.count()
         self._connections: dict[ConnKey, MuxConnection] = {}
+        #: Bumped at every state change of any of the loop's connections (their shared
+        #: ``changes``): while it holds, each `LoopTransport.connection_id` answer holds.
+        self.conn_changes: list[int] = [0]
         self._registered: dict[MuxConnection, int] = {}  # conn -> epoll events
         self._dirty: set[MuxConnection] = set()
         self._shared_state: dict[object, Any] = {}
@@ -291,6 +294,7 @@ class NetworkLoop:
         conn = self._connections.get(key)
         if conn is None:
             conn = self._connections[key] = MuxConnection(host, port, settings)
+            conn.changes = self.conn_changes
         return conn
 
     def shared(self, key: object, factory: Callable[[], Any]) -> Any:

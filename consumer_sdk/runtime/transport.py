@@ -18,7 +18,14 @@ from consumer_sdk.domain import Coordinator, HeartbeatRequest
 from consumer_sdk.errors import KafkaException, KafkaTransportError
 from consumer_sdk.protocol import messages as m
 from consumer_sdk.protocol.heartbeat_codec import HeartbeatEncoder
-from consumer_sdk.protocol.multiplex import Call, HeartbeatCall, KioCall, MuxConnection
+from consumer_sdk.protocol.multiplex import (
+    HB_API,
+    HB_PREFIX,
+    Call,
+    HeartbeatCall,
+    KioCall,
+    MuxConnection,
+)
 from consumer_sdk.protocol.security import ConnectionSettings
 from consumer_sdk.runtime.driver import Api, Outbound
 from consumer_sdk.runtime.netloop import NetworkLoop
@@ -58,6 +65,10 @@ class LoopTransport:
         self._deliver = deliver
         self._logger = logger
         self.conns: dict[tuple[str, int], MuxConnection] = {}
+        #: The loop's connections' change counter (see `MemberDriver.run`'s lane): while
+        #: ``conn_changes[0]`` holds and ``conns`` is not cleared, `connection_id` answers
+        #: each coordinator as before.
+        self.conn_changes: list[int] = loop.conn_changes
         self.heartbeat_trace: HeartbeatTrace | None = None
         #: Diagnostics: called with each heartbeat request as it is handed to its connection.
         self.heartbeat_sent: Callable[[HeartbeatRequest], None] | None = None
@@ -72,6 +83,12 @@ class LoopTransport:
             if conn.log_target is None:
                 conn.log_target = self._logger
         return conn
+
+    def drop_connections(self) -> None:
+        """Forget the connections used so far: the next requests get the loop's connection
+        for the current settings (new credentials: another connection)."""
+        self.conns.clear()
+        self.conn_changes[0] += 1  # `connection_id` may answer otherwise now
 
     def connection_id(self, coordinator: Coordinator) -> Hashable | None:
         conn = self.conns.get((coordinator.host, coordinator.port))
@@ -108,7 +125,26 @@ class LoopTransport:
                 loop.request(conn, hb_call, hb_done, request.timeout_ms / 1000)
                 return
             deadline = time.monotonic() + request.timeout_ms / 1000
-            conn.send_heartbeat(hb_call, hb_done, deadline)
+            # `conn.send_heartbeat(hb_call, hb_done, deadline)`, inline where it reuses the
+            # call's encoded body and waiter (once per heartbeat; its other tests: above, and
+            # the waiter's ``done`` is ``hb_done``: they are made together)
+            waiter = hb_call._waiter
+            version = hb_call._version
+            if (
+                hb_call._body  # (encoded: its waiter is set, see `MuxConnection.submit`)
+                and waiter is not None
+                and not conn.paused
+                and conn.versions._chosen.get(HB_API) == version
+                and conn._in_flight.get(waiter.correlation_id) is not waiter
+            ):
+                waiter.deadline = deadline
+                cid = conn._cid = (conn._cid + 1) & 0x7FFFFFFF
+                waiter.correlation_id = cid
+                conn._in_flight[cid] = waiter
+                body = hb_call._body
+                conn._out += HB_PREFIX.pack(8 + len(body), HB_API, version, cid) + body
+            else:
+                conn.send_heartbeat(hb_call, hb_done, deadline)
             timer = loop._expiry.get(conn)
             if timer is None or timer.cancelled or deadline < timer.when:
                 loop.watch_expiry(conn, deadline)

@@ -24,6 +24,7 @@ from consumer_sdk.membership import (
     Close,
     CommitCompleted,
     CommitNeeded,
+    ErrorEvent,
     Failure,
     FailureKind,
     GroupMembership,
@@ -86,12 +87,30 @@ def subscribe(d: MemberDriver, now: int) -> None:
     d.run(now)
 
 
+class CountingTransport(ScriptedTransport):
+    """A scripted transport with the runtime's connection change counter (as
+    `LoopTransport.conn_changes`), a connection per coordinator host, and its
+    `connection_id` calls counted."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conn_changes = [0]
+        self.by_host: dict[str, Hashable | None] = {}
+        self.asked = 0
+
+    def connection_id(self, coordinator: Coordinator) -> Hashable | None:
+        self.asked += 1
+        return self.by_host.get(coordinator.host, self.conn)
+
+
 def driver(
-    shared: SharedLookups | None = None, wakes: list[int] | None = None
+    shared: SharedLookups | None = None,
+    wakes: list[int] | None = None,
+    transport: ScriptedTransport | None = None,
 ) -> tuple[MemberDriver, ScriptedTransport]:
     rng = random.Random(3)
     core = GroupMembership(MembershipConfig(group_id="g"), rng=rng)
-    transport = ScriptedTransport()
+    transport = transport or ScriptedTransport()
     d = MemberDriver(
         DriverConfig("g", None, 100, 1000, 0, 30_000),
         core,
@@ -103,9 +122,11 @@ def driver(
     return d, transport
 
 
-def joined(now: int = 0) -> tuple[MemberDriver, ScriptedTransport]:
+def joined(
+    now: int = 0, transport: ScriptedTransport | None = None
+) -> tuple[MemberDriver, ScriptedTransport]:
     """A driver whose member is STABLE with no assignment at epoch 5."""
-    d, t = driver()
+    d, t = driver(transport=transport)
     subscribe(d, 0)
     d.run(now)
     (find,) = t.take()
@@ -278,6 +299,151 @@ def test_a_connection_replaced_during_quiet_beats_makes_the_next_heartbeat_full(
     d.run(now)
     (hb,) = [r for r in t.take() if r.api is Api.HEARTBEAT]
     assert hb.payload.subscribed_topic_names == ("t",)  # every field again
+
+
+def _quiet_beats(
+    d: MemberDriver, t: ScriptedTransport, now: int, wait: int, n: int
+) -> tuple[int, int, int]:
+    """``n`` timer runs, each heartbeat answered quietly 2 ms later: (plain heartbeats
+    sent, now, wait)."""
+    plain = 0
+    for _ in range(n):
+        now += wait
+        wait = d.run(now)
+        for r in t.take():
+            if r.api is Api.HEARTBEAT:
+                plain += r.payload.subscribed_topic_names is None
+                now += 2
+                wait = d.on_response(now, r, HeartbeatResponse(0, 5, 1000))
+    return plain, now, wait
+
+
+def test_the_lanes_connection_check_holds_until_a_connection_changes() -> None:
+    """With the transport's change counter, the lane asks `connection_id` once and then only
+    after the counter moved: a connection replaced (the counter moved with it) during quiet
+    beats still makes the next heartbeat full."""
+    t = CountingTransport()
+    d, _ = joined(transport=t)
+    t.take()
+    plain, now, wait = _quiet_beats(d, t, 0, d.run(0), 2)
+    t.asked = 0
+    plain, now, wait = _quiet_beats(d, t, now, wait, 4)
+    # the lane asks no more (the full runs that poll the idle managers every few beats do)
+    assert plain == 4 and t.asked <= 2
+    t.conn = ("conn", 2)  # the connection dropped and came back, nothing failed on it
+    t.conn_changes[0] += 1
+    now += wait
+    assert d._others_due > now + d._hb_period  # (the next run is the lane's)
+    d.run(now)
+    (hb,) = [r for r in t.take() if r.api is Api.HEARTBEAT]
+    assert hb.payload.subscribed_topic_names == ("t",)  # every field again
+
+
+def test_the_lanes_connection_check_is_asked_again_for_a_new_coordinator() -> None:
+    """The lane's remembered `connection_id` is that coordinator's: once the group moved to
+    another coordinator on another connection, its quiet beats take the lane again (asking
+    once), with no connection change counted."""
+    t = CountingTransport()
+    d, _ = joined(transport=t)
+    t.take()
+    _, now, wait = _quiet_beats(d, t, 0, d.run(0), 3)
+    moved = Coordinator("g", 2, "broker-2", 9092)
+    t.by_host["broker-2"] = ("conn", 7)
+    now += wait
+    d.run(now)
+    (hb,) = [r for r in t.take() if r.api is Api.HEARTBEAT]
+    now += 2
+    d.on_response(now, hb, HeartbeatResponse(E.NOT_COORDINATOR, 5, 1000))
+    while True:  # look the coordinator up; its first heartbeat
+        now += 1
+        d.run(now)
+        out = t.take()
+        for find in [r for r in out if r.api is Api.FIND_COORDINATOR]:
+            d.on_response(now, find, moved)
+        beats = [r for r in out if r.api is Api.HEARTBEAT]
+        if beats:
+            (hb,) = beats
+            assert hb.coordinator == moved
+            now += 2
+            wait = d.on_response(now, hb, HeartbeatResponse(0, 5, 1000))
+            break
+    _, now, wait = _quiet_beats(d, t, now, wait, 2)
+    t.asked = 0
+    plain, now, wait = _quiet_beats(d, t, now, wait, 4)
+    # the lane, on the new coordinator's connection (full runs ask, see above)
+    assert plain == 4 and t.asked <= 2
+
+
+def _lane_in_flight(t: ScriptedTransport) -> tuple[MemberDriver, Outbound, int]:
+    """A stable member whose lane is open, its heartbeat in flight: (driver, that heartbeat,
+    now)."""
+    d, _ = joined(transport=t)
+    t.take()
+    _, now, wait = _quiet_beats(d, t, 0, d.run(0), 6)
+    while True:  # the next lane run (not one of the idle managers' full runs)
+        now += wait
+        wait = d.run(now)
+        (hb,) = [r for r in t.take() if r.api is Api.HEARTBEAT]
+        if d._lane_open:
+            assert hb.payload.subscribed_topic_names is None
+            return d, hb, now
+        now += 2
+        wait = d.on_response(now, hb, HeartbeatResponse(0, 5, 1000))
+
+
+def test_an_event_while_the_lanes_heartbeat_is_in_flight_makes_its_answer_full() -> None:
+    """The driver's lane skips the quiet answer's checks only while nothing else entered the
+    driver since its heartbeat went out: an application event queued then makes the answer
+    take the full path (run the member now)."""
+    d, hb, now = _lane_in_flight(CountingTransport())
+    d.submit(Subscribe(topics=("t", "u")))
+    assert d.on_response(now + 2, hb, HeartbeatResponse(0, 5, 1000)) == 0
+    d.run(now + 2)
+    assert not d.core.app_events  # taken in
+
+
+def test_an_event_for_the_application_pending_at_the_lanes_send_makes_its_answer_full() -> None:
+    """The driver's lane opens only when `on_response`'s quiet-answer checks hold: an event
+    for the application still pending (the host has not taken it) when the lane's heartbeat
+    goes out makes its answer take the full path, as without the lane."""
+    t = CountingTransport()
+    d, hb, now = _lane_in_flight(t)
+    now += 2
+    wait = d.on_response(now, hb, HeartbeatResponse(0, 5, 1000))
+    while not (d._others_due > now + wait + d._hb_period):  # up to a lane run
+        now += wait
+        d.run(now)
+        (hb,) = t.take()
+        now += 2
+        wait = d.on_response(now, hb, HeartbeatResponse(0, 5, 1000))
+    d._lane_open = False  # (as after any other entry: the lane opens again at its send)
+    d.core.background_events.append(ErrorEvent(-1, "not taken yet", False))
+    now += wait
+    d.run(now)
+    (hb,) = t.take()
+    assert hb.payload.subscribed_topic_names is None  # the lane's heartbeat
+    assert d.on_response(now + 2, hb, HeartbeatResponse(0, 5, 1000)) == 0  # the full path
+
+
+def test_a_poll_queued_after_a_quiet_answer_is_taken_in_by_the_next_run() -> None:
+    """A `Poll` event (a stable member's poll as an event: the simulator's and the runtime's
+    during a rebalance) queued between the lane's quiet answer and its next run: that run
+    takes it in (it does not skip the lane's checks)."""
+    t = CountingTransport()
+    d, hb, now = _lane_in_flight(t)
+    while True:
+        now += 2
+        wait = d.on_response(now, hb, HeartbeatResponse(0, 5, 1000))
+        assert wait > 0
+        now += wait
+        if d._lane_open and d._others_due > now + d._hb_period:  # the next run: the lane's
+            break
+        d.run(now)
+        (hb,) = t.take()
+    d.submit(Poll(now))
+    d.run(now)
+    assert not d.core.app_events
+    assert [r.api for r in t.take()] == [Api.HEARTBEAT]
 
 
 def test_a_disconnected_heartbeat_forgets_the_coordinator_for_every_member() -> None:
