@@ -425,6 +425,37 @@ def test_an_event_for_the_application_pending_at_the_lanes_send_makes_its_answer
     assert d.on_response(now + 2, hb, HeartbeatResponse(0, 5, 1000)) == 0  # the full path
 
 
+def test_a_commit_awaiting_an_epoch_at_the_lanes_send_makes_its_answer_full() -> None:
+    """The driver's lane opens only when no commit refused as stale waits for a newer epoch:
+    the answer to a lane heartbeat sent while one waits takes the full path (run the member
+    now, so the commit goes out again under the answer's epoch), as without the lane."""
+    t = CountingTransport()
+    d, hb, now = _lane_in_flight(t)
+    now += 2
+    wait = d.on_response(now, hb, HeartbeatResponse(0, 5, 1000))
+    d.commit(now, {("t", 0): Off(7)}, CommitKind.SYNC, epoch=5)
+    d.run(now)
+    (req,) = [r for r in t.take() if r.api is Api.OFFSET_COMMIT]
+    now += 2
+    wait = d.on_response(now, req, (PartitionResult("t", 0, error_code=E.STALE_MEMBER_EPOCH),))
+    assert d.commits.awaiting_epoch
+    for _ in range(10):
+        now += max(wait, 1)
+        lane_run = d._others_due > now + d._hb_period
+        wait = d.run(now)
+        beats = [r for r in t.take() if r.api is Api.HEARTBEAT]
+        if not beats:
+            continue
+        (hb,) = beats
+        if lane_run and hb.payload.subscribed_topic_names is None:  # the lane's heartbeat
+            assert d.commits.awaiting_epoch
+            assert d.on_response(now + 2, hb, HeartbeatResponse(0, 5, 1000)) == 0
+            return
+        now += 2
+        wait = d.on_response(now, hb, HeartbeatResponse(0, 5, 1000))
+    raise AssertionError("no lane heartbeat went out while the commit waited for an epoch")
+
+
 def test_a_poll_queued_after_a_quiet_answer_is_taken_in_by_the_next_run() -> None:
     """A `Poll` event (a stable member's poll as an event: the simulator's and the runtime's
     during a rebalance) queued between the lane's quiet answer and its next run: that run
