@@ -283,16 +283,7 @@ def test_a_connection_replaced_during_quiet_beats_makes_the_next_heartbeat_full(
     plain heartbeat only on the connection the last one was answered on."""
     d, t = joined()
     t.take()
-    now, wait = 0, d.run(0)
-    plain = 0
-    for _ in range(4):  # quiet beats: the lane's plain heartbeats
-        now += wait
-        wait = d.run(now)
-        for r in t.take():
-            if r.api is Api.HEARTBEAT:
-                plain += r.payload.subscribed_topic_names is None
-                now += 2
-                wait = d.on_response(now, r, HeartbeatResponse(0, 5, 1000))
+    plain, now, wait = _quiet_beats(d, t, 0, d.run(0), 4)  # the lane's plain heartbeats
     assert plain >= 3
     t.conn = ("conn", 2)  # the connection dropped and came back, nothing failed on it
     now += wait
