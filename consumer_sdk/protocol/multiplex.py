@@ -47,16 +47,7 @@ from consumer_sdk.protocol.framing import (
 from consumer_sdk.protocol.heartbeat_codec import HeartbeatEncoder
 from consumer_sdk.protocol.security import ConnectionSettings
 
-__all__ = [
-    "HB_API",
-    "HB_PREFIX",
-    "Call",
-    "Done",
-    "HeartbeatCall",
-    "KioCall",
-    "MuxConnection",
-    "VersionCache",
-]
+__all__ = ["Call", "Done", "HeartbeatCall", "KioCall", "MuxConnection", "VersionCache"]
 
 log = logging.getLogger("consumer_sdk.protocol")
 
@@ -68,9 +59,8 @@ Done = Callable[[Any, KafkaException | None], None]
 
 _RECV_BYTES = 256 * 1024
 _CID = struct.Struct(">i")  # a response frame's correlation id (see `peek_correlation_id`)
-_HB_API = HB_API = m.API_CONSUMER_GROUP_HEARTBEAT
-#: A request frame's first four fields: frame length, api key, api version, correlation id.
-_HB_PREFIX = HB_PREFIX = struct.Struct(">ihhi")
+_HB_API = m.API_CONSUMER_GROUP_HEARTBEAT
+_HB_PREFIX = struct.Struct(">ihhi")  # frame length, api key, api version, correlation id
 
 
 class VersionCache:

@@ -18,14 +18,7 @@ from consumer_sdk.domain import Coordinator, HeartbeatRequest
 from consumer_sdk.errors import KafkaException, KafkaTransportError
 from consumer_sdk.protocol import messages as m
 from consumer_sdk.protocol.heartbeat_codec import HeartbeatEncoder
-from consumer_sdk.protocol.multiplex import (
-    HB_API,
-    HB_PREFIX,
-    Call,
-    HeartbeatCall,
-    KioCall,
-    MuxConnection,
-)
+from consumer_sdk.protocol.multiplex import Call, HeartbeatCall, KioCall, MuxConnection
 from consumer_sdk.protocol.security import ConnectionSettings
 from consumer_sdk.runtime.driver import Api, Outbound
 from consumer_sdk.runtime.netloop import NetworkLoop
@@ -125,26 +118,7 @@ class LoopTransport:
                 loop.request(conn, hb_call, hb_done, request.timeout_ms / 1000)
                 return
             deadline = time.monotonic() + request.timeout_ms / 1000
-            # `conn.send_heartbeat(hb_call, hb_done, deadline)`, inline where it reuses the
-            # call's encoded body and waiter (once per heartbeat; its other tests: above, and
-            # the waiter's ``done`` is ``hb_done``: they are made together)
-            waiter = hb_call._waiter
-            version = hb_call._version
-            if (
-                hb_call._body  # (encoded: its waiter is set, see `MuxConnection.submit`)
-                and waiter is not None
-                and not conn.paused
-                and conn.versions._chosen.get(HB_API) == version
-                and conn._in_flight.get(waiter.correlation_id) is not waiter
-            ):
-                waiter.deadline = deadline
-                cid = conn._cid = (conn._cid + 1) & 0x7FFFFFFF
-                waiter.correlation_id = cid
-                conn._in_flight[cid] = waiter
-                body = hb_call._body
-                conn._out += HB_PREFIX.pack(8 + len(body), HB_API, version, cid) + body
-            else:
-                conn.send_heartbeat(hb_call, hb_done, deadline)
+            conn.send_heartbeat(hb_call, hb_done, deadline)
             timer = loop._expiry.get(conn)
             if timer is None or timer.cancelled or deadline < timer.when:
                 loop.watch_expiry(conn, deadline)

@@ -1,7 +1,7 @@
-"""`LoopTransport.send`'s heartbeat path writes a plain heartbeat sent again with its call's
-encoded body and waiter (what `MuxConnection.send_heartbeat` does, inline) only when that
-would: each other case goes through the connection as before (a real socket pair; the loop
-is not started, the test plays its part)."""
+"""`LoopTransport.send`'s heartbeat path: a plain heartbeat sent again reuses its call's
+encoded body and waiter (`MuxConnection.send_heartbeat`) only when its last send was
+answered, on a connection not paused, at the same version; each other case is submitted
+again (a real socket pair; the loop is not started, the test plays its part)."""
 
 from __future__ import annotations
 
