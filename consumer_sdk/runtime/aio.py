@@ -508,7 +508,7 @@ class AIOGroupMember:
         if s._closed or s._fatal is not None or net.failure is not None:
             s._ensure_usable()
         now = _monotonic()
-        if now >= net.poll_note_due:  # (else note_poll would do nothing), as GroupMember.poll
+        if now >= s._poll_note_due:  # (else note_poll would do nothing), as GroupMember.poll
             net.note_poll()
         deadline = now + (timeout if timeout is not None and timeout >= 0 else math.inf)
         first = True
@@ -525,7 +525,7 @@ class AIOGroupMember:
             remaining = deadline - _monotonic()
             if remaining <= 0:
                 return None
-            if not first and _monotonic() >= net.poll_note_due:
+            if not first and _monotonic() >= s._poll_note_due:
                 net.note_poll()
             first = False
             # `_slice()`, inline
@@ -674,6 +674,7 @@ class AIOGroupMember:
                     break
                 await asyncio.sleep(0.005)
         s._closed = True
+        s._poll_note_due = 0.0
         s._net.app_waker = None
         s._net.stop()
         await self._close_data_plane(max(deadline - time.monotonic(), 0.05))

@@ -31,7 +31,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from heapq import heappush
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from confluent_kafka import KafkaError
 
@@ -74,7 +74,7 @@ from consumer_sdk.runtime.driver import (
 from consumer_sdk.runtime.netloop import NetworkLoop, Timer
 from consumer_sdk.runtime.transport import HeartbeatTrace, LoopTransport
 
-__all__ = ["MemberNetwork", "check_threads", "failure_of"]
+__all__ = ["MemberNetwork", "PollGate", "check_threads", "failure_of"]
 
 log = logging.getLogger("consumer_sdk.runtime")
 
@@ -111,6 +111,20 @@ def commit_result(completion: Completion[CommitResult], kind: CommitKind) -> Com
     return completion.outcome()
 
 
+class PollGate(Protocol):
+    """Where a stable member's ``poll(0)`` looks first (the facade, or the `MemberNetwork`
+    itself): ``_poll_note_due``, until when (``time.monotonic()``) such a poll has nothing to
+    do, which the loop clears (sets to 0.0) after it queues an event for the application or
+    fails the member; and ``_poll_busy()``, whether the application side itself has work for
+    a poll (which clears ``_poll_note_due`` whenever it gets some). On the facade, the poll reads
+    one attribute of one object: with many members each poll finds it out of the CPU's
+    caches, and every further object read costs about as much as the rest of the poll."""
+
+    _poll_note_due: float
+
+    def _poll_busy(self) -> bool: ...
+
+
 class MemberNetwork:
     """One member's driver on the shared loop; see the module docstring.
 
@@ -136,6 +150,7 @@ class MemberNetwork:
         on_commit_done: CommitHook | None = None,
         on_group_error: Callable[[KafkaError], None] | None = None,
         logger: LogTarget | None = None,
+        poll_gate: PollGate | None = None,
     ) -> None:
         c = self.config = config
         self._rng = rng or random.Random()
@@ -217,8 +232,10 @@ class MemberNetwork:
         #: `note_poll` would do nothing, and no background event or failure has been handed
         #: to the application since it was set (0.0 while not STABLE, once an event is queued
         #: for the application, and once the member failed). The application may skip
-        #: `note_poll` and the queues' checks before then.
-        self.poll_note_due = 0.0
+        #: `note_poll` and the queues' checks before then. Kept on ``poll_gate`` (see
+        #: `PollGate`) when the facade gives one, else here.
+        self._poll_note_due = 0.0
+        self._gate: PollGate = poll_gate if poll_gate is not None else self
         self._stable_poll_gap = min(1.0, c.max_poll_interval_ms / 4000)
         self._stopped = False
         self._routing = False  # inside `_routed` (loop side)
@@ -289,20 +306,27 @@ class MemberNetwork:
             if gap >= self._stable_poll_gap:
                 self._last_poll_event = now
                 self.polled_ms = int(now * 1000)
-            self.poll_note_due = self._last_poll_event + self._stable_poll_gap
+            gate = self._gate
+            gate._poll_note_due = self._last_poll_event + self._stable_poll_gap
             # The loop clears it when it publishes another state, queues an event or fails
-            # the member (each after the change): if it did so before the line above, clear
-            # it here (else polls would skip a rebalance's counting, the event or the error).
+            # the member, and the facade when it queues a callback or ends (each after the
+            # change): if either did so before the line above, clear it here (else polls
+            # would skip a rebalance's counting, the event, the callback or the error).
             if (
                 self._snapshot.state is not MemberState.STABLE
                 or self._events
                 or self.failure is not None
+                or gate._poll_busy()
             ):
-                self.poll_note_due = 0.0
+                gate._poll_note_due = 0.0
             return
-        self.poll_note_due = 0.0
+        self._gate._poll_note_due = 0.0
         self._last_poll_event = now
         self._post(Poll(_now_ms()))
+
+    def _poll_busy(self) -> bool:
+        """(`PollGate`, without a facade's) Nothing besides the loop's own queues."""
+        return False
 
     def prefetch_metadata(self, topics: Sequence[str]) -> None:
         """Learn these topics' ids ahead of the first assignment."""
@@ -571,7 +595,7 @@ class MemberNetwork:
                 fatal=True,
             )
         )
-        self.poll_note_due = 0.0  # after the failure: poll(0) raises it
+        self._gate._poll_note_due = 0.0  # after the failure: poll(0) raises it
         self._driver.fail()
         if self._timer is not None:
             self._timer.cancel()
@@ -709,7 +733,7 @@ class MemberNetwork:
         other than STABLE, the driver's outbox or the core's background events)."""
         driver = self._driver
         if snap.state is not MemberState.STABLE:
-            self.poll_note_due = 0.0  # every poll of a rebalance counts (see note_poll)
+            self._gate._poll_note_due = 0.0  # every poll of a rebalance counts (see note_poll)
         notify = False
         if driver.outbox:
             notify = self._deliver(driver.outbox)
@@ -718,7 +742,7 @@ class MemberNetwork:
             out = self._events
             while events:
                 out.append(events.popleft())
-            self.poll_note_due = 0.0  # after the events: poll(0) looks at the queue again
+            self._gate._poll_note_due = 0.0  # after the events: poll(0) looks at the queue again
             notify = True
         if notify:
             self.notify()

@@ -614,7 +614,7 @@ def test_a_stable_members_poll_0_sees_what_the_loop_queued_before_its_poll_note_
     kafka: EmbeddedKafka, what: str, noted: bool
 ) -> None:
     """`GroupMember.poll(0)` of a stable member returns at once until
-    `MemberNetwork.poll_note_due`; an event the loop hands over, or the member's failure, in
+    its poll gate's time (`PollGate`); an event the loop hands over, or the member's failure, in
     that time clears it, and `note_poll` called after that does not set it again: the very
     next ``poll(0)`` raises the event's error or the failure, as the full path does; an
     ``on_commit`` call the loop queued runs in it."""
@@ -632,8 +632,8 @@ def test_a_stable_members_poll_0_sees_what_the_loop_queued_before_its_poll_note_
     try:
         m.subscribe([topic])
         _poll_until(m, lambda: m.state is MemberState.STABLE, "stable")
-        wait_for(lambda: m.poll(0) is None and net.poll_note_due > 0, what="poll noted")
-        due = net.poll_note_due
+        wait_for(lambda: m.poll(0) is None and m._poll_note_due > 0, what="poll noted")
+        due = m._poll_note_due
 
         def queue(driver: Any) -> None:  # loop thread
             if what == "event":
@@ -663,6 +663,29 @@ def test_a_stable_members_poll_0_sees_what_the_loop_queued_before_its_poll_note_
     finally:
         with contextlib.suppress(KafkaException):
             m.close(timeout=2)
+
+
+def test_a_stable_members_poll_0_raises_once_closed_while_its_poll_note_is_not_due(
+    kafka: EmbeddedKafka,
+) -> None:
+    """A stable member's ``poll(0)`` reads only its poll gate's time (`PollGate`); closing
+    clears it (so does the leave's change of state), so a ``poll(0)`` right after ``close()``
+    raises that the member is closed, as it does at any other moment."""
+    from consumer_sdk import GroupMember
+
+    topic, group = "pnd-closed", "pnd-closed-g"
+    kafka.create_topic(topic, partitions=1)
+    m = GroupMember(_conf(kafka, group, **{"max.poll.interval.ms": 300_000}))
+    m.subscribe([topic])
+    _poll_until(m, lambda: m.state is MemberState.STABLE, "stable")
+    wait_for(lambda: m.poll(0) is None and m._poll_note_due > 0, what="poll noted")
+    due = m._poll_note_due
+    m.close(timeout=2)
+    polled_at = time.monotonic()
+    with pytest.raises(KafkaException) as info:
+        m.poll(0)
+    assert info.value.args[0].code() == KafkaError._STATE
+    assert polled_at < due  # the poll came while the note was not due yet
 
 
 def test_error_cb_gets_unreachable_coordinator() -> None:
