@@ -18,6 +18,8 @@ __all__ = ["Backoff"]
 class Backoff:
     """Exponential backoff with jitter: ``base * 2**n``, capped at ``max_ms``."""
 
+    __slots__ = ("_base", "_exp_max", "_jitter", "_max", "_rng", "low", "span")
+
     def __init__(self, base_ms: int, max_ms: int, jitter: float, rng: random.Random) -> None:
         self._base = base_ms
         self._max = max_ms

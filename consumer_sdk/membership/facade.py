@@ -53,6 +53,18 @@ class GroupMembership:
     in addition to the `StateChanged` background event.
     """
 
+    __slots__ = (
+        "_heartbeat",
+        "_manager",
+        "_rng",
+        "app_events",
+        "background_events",
+        "metrics",
+        "quiet_answer",
+        "stable_beat",
+        "stable_poll",
+    )
+
     def __init__(
         self,
         config: MembershipConfig,

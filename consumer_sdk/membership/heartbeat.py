@@ -103,6 +103,17 @@ _in_flight = partial(tuple.__new__, _InFlight)
 class HeartbeatTiming:
     """When the next heartbeat may go: the broker's interval, backoff after failures."""
 
+    __slots__ = (
+        "_attempts",
+        "_backoff",
+        "_backoff_ms",
+        "_exponent",
+        "_last_failed",
+        "_last_received_ms",
+        "_timer_deadline_ms",
+        "interval_ms",
+    )
+
     def __init__(self, backoff: Backoff) -> None:
         self._backoff = backoff
         self.interval_ms = 0
@@ -213,6 +224,27 @@ class _SentFields:
 
 class HeartbeatRequestManager:
     """Builds heartbeats when due and applies the error policy to their outcomes."""
+
+    __slots__ = (
+        "_cfg",
+        "_confirmed_sent_ms",
+        "_coordinator_known",
+        "_in_flight",
+        "_join_answered",
+        "_lane",
+        "_lane_answered",
+        "_lane_sent",
+        "_m",
+        "_metrics",
+        "_plain",
+        "_poll_deadline_ms",
+        "_regular_count",
+        "_sent",
+        "_sm",
+        "_timing",
+        "_unreleased_since_ms",
+        "session_timeout_ms",
+    )
 
     def __init__(
         self,

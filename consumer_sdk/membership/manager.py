@@ -95,6 +95,40 @@ class MembershipManager:
     Every public method takes the current virtual time.
     """
 
+    __slots__ = (
+        "_cfg",
+        "_close_option",
+        "_closed",
+        "_emit_event",
+        "_epoch",
+        "_fatal",
+        "_fields",
+        "_fields_of",
+        "_generation",
+        "_has_listener",
+        "_leave_hb_sent",
+        "_leave_in_progress",
+        "_leave_unconfirmed",
+        "_leaving_due_to_poll_timer",
+        "_log",
+        "_member_id",
+        "_metadata",
+        "_metadata_needed",
+        "_metrics",
+        "_named",
+        "_next_id",
+        "_now",
+        "_on_state_change",
+        "_pending_callbacks",
+        "_pending_commits",
+        "_rec",
+        "_rejoin_when_released",
+        "_sm",
+        "_stale_release_pending",
+        "_subscription",
+        "_subscription_updated",
+    )
+
     def __init__(
         self,
         config: MembershipConfig,

@@ -22,6 +22,8 @@ CALLBACK_KINDS = ("revoked", "assigned", "lost")
 class _Windowed:
     """Values recorded at virtual times; statistics over the last ``window_ms``."""
 
+    __slots__ = ("_samples", "_window_ms")
+
     def __init__(self, window_ms: int) -> None:
         self._window_ms = window_ms
         self._samples: deque[tuple[int, float]] = deque()
@@ -58,6 +60,29 @@ class _Windowed:
 
 class MembershipMetrics:
     """Plain counters and latencies; `snapshot` returns them under the reference names."""
+
+    __slots__ = (
+        "_assigned_partitions",
+        "_callback_latency",
+        "_commit_latency",
+        "_commit_total",
+        "_commits",
+        "_failed_rebalance_total",
+        "_failed_rebalances",
+        "_heartbeat_response_time",
+        "_heartbeat_total",
+        "_heartbeats",
+        "_last_heartbeat_ms",
+        "_last_heartbeat_response_ms",
+        "_last_rebalance_end_ms",
+        "_rebalance_latency",
+        "_rebalance_latency_total",
+        "_rebalance_start_ms",
+        "_rebalance_total",
+        "_window_ms",
+        "lane_answered",
+        "lane_sent",
+    )
 
     def __init__(self, window_ms: int = DEFAULT_WINDOW_MS) -> None:
         self._window_ms = window_ms

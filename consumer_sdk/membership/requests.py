@@ -149,6 +149,8 @@ def _failure_code(failure: Failure) -> int:
 class _Episode:
     """Retries with backoff; logs an episode once when it starts and once if it persists."""
 
+    __slots__ = ("_backoff", "_what", "failures", "retry_at_ms")
+
     def __init__(self, what: str, backoff: Backoff) -> None:
         self._what = what
         self._backoff = backoff
@@ -204,6 +206,8 @@ class CoordinatorManager:
     client's ``CoordinatorRequestManager``, one backoff step (retry.backoff.ms) after an
     answer: a coordinator refusing heartbeats with NOT_COORDINATOR while it takes the group
     over is asked again at that pace, not at once."""
+
+    __slots__ = ("_episode", "_in_flight", "coordinator", "group_id", "last_error")
 
     def __init__(self, group_id: str, backoff: Backoff) -> None:
         self.group_id = group_id
@@ -298,6 +302,8 @@ class MetadataSend:
 class MetadataManager:
     """Topic id -> name view for the membership: fetches metadata when asked, one request at a
     time, with backoff after failures. Requests made while one is in flight are merged."""
+
+    __slots__ = ("_episode", "_in_flight", "_want_any", "_wanted", "topic_names", "version")
 
     def __init__(self, backoff: Backoff) -> None:
         self._wanted: set[str] | None = set()  # None: everything
@@ -435,6 +441,20 @@ class CommitRequestManager:
     below what this member already committed for a partition is skipped, so committed offsets
     never go backwards through this member.
     """
+
+    __slots__ = (
+        "_auto_interval",
+        "_backoff",
+        "_completed",
+        "_default_timeout",
+        "_last_committed",
+        "_next_auto_ms",
+        "_next_id",
+        "_queue",
+        "group_id",
+        "instance_id",
+        "queue",
+    )
 
     def __init__(
         self,

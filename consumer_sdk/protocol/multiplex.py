@@ -144,6 +144,8 @@ def _hb_response_type(version: int) -> type[ResponsePayload]:
 class HeartbeatCall:
     """A ConsumerGroupHeartbeat encoded by the shared fast encoder."""
 
+    __slots__ = ("_body", "_encoder", "_version", "_waiter", "client_id", "request")
+
     api_key = m.API_CONSUMER_GROUP_HEARTBEAT
 
     def __init__(

@@ -253,6 +253,44 @@ class MemberDriver:
     one). ``on_heartbeat_sent`` is told of every heartbeat handed to the transport.
     """
 
+    __slots__ = (
+        "_answered",
+        "_by_api",
+        "_commit_offsets",
+        "_commit_sent_ms",
+        "_conn_changes",
+        "_conn_memo",
+        "_due",
+        "_fetches",
+        "_hb_conn",
+        "_hb_out",
+        "_hb_period",
+        "_hb_target",
+        "_host_wake",
+        "_ids",
+        "_lane_open",
+        "_managers",
+        "_others_due",
+        "_poll_all",
+        "_quiet_run",
+        "_session_asked",
+        "_session_wanted",
+        "_sm",
+        "commits",
+        "committable",
+        "config",
+        "coordinator",
+        "core",
+        "heartbeat_due_ms",
+        "heartbeat_in_flight",
+        "lane_snapshot",
+        "metadata",
+        "outbox",
+        "shared",
+        "stopped",
+        "transport",
+    )
+
     def __init__(
         self,
         config: DriverConfig,
@@ -961,6 +999,8 @@ class _CoordinatorRequests:
     """FindCoordinator while the coordinator is unknown and wanted (one lookup per group and
     process: the other members take its answer), then the group's session timeout once."""
 
+    __slots__ = ("_d",)
+
     def __init__(self, driver: MemberDriver) -> None:
         self._d = driver
 
@@ -1016,6 +1056,8 @@ class _MetadataRequests:
     """Metadata for topic ids the assignment names: known ones come from the process's
     shared view, and one request for the whole cluster serves every member waiting."""
 
+    __slots__ = ("_d",)
+
     def __init__(self, driver: MemberDriver) -> None:
         self._d = driver
 
@@ -1045,6 +1087,8 @@ class _MetadataRequests:
 class _CommitRequests:
     """OffsetCommits: the auto-commit when due, then every commit ready to go (to the
     coordinator, with the member id and epoch at send time)."""
+
+    __slots__ = ("_d",)
 
     def __init__(self, driver: MemberDriver) -> None:
         self._d = driver
@@ -1089,6 +1133,8 @@ class _OffsetFetchRequests:
     """OffsetFetches, sent once the coordinator is known; each fails at its deadline if it
     is not (see `MemberDriver._expire_fetches`)."""
 
+    __slots__ = ("_d",)
+
     def __init__(self, driver: MemberDriver) -> None:
         self._d = driver
 
@@ -1115,6 +1161,8 @@ class _OffsetFetchRequests:
 class _HeartbeatRequests:
     """The membership core's heartbeat, to the coordinator found (a replaced connection
     makes it carry every field again)."""
+
+    __slots__ = ("_d",)
 
     def __init__(self, driver: MemberDriver) -> None:
         self._d = driver

@@ -39,6 +39,23 @@ LogTarget = logging.Logger | logging.LoggerAdapter[logging.Logger]
 class LoopTransport:
     """The real `Transport` of the runtime; see the module docstring."""
 
+    __slots__ = (
+        "_auto_create",
+        "_bootstrap",
+        "_bootstrap_index",
+        "_client_id",
+        "_deliver",
+        "_hb_call",
+        "_hb_request",
+        "_logger",
+        "_loop",
+        "conn_changes",
+        "conns",
+        "heartbeat_sent",
+        "heartbeat_trace",
+        "settings",
+    )
+
     def __init__(
         self,
         loop: NetworkLoop,

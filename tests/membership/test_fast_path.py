@@ -34,7 +34,7 @@ def _fields(core: GroupMembership, now: int) -> Any:
         hb._unreleased_since_ms,
         hb._sent,
         hb._poll_deadline_ms,
-        {k: v for k, v in vars(timing).items() if k != "_backoff"},
+        {k: getattr(timing, k) for k in type(timing).__slots__ if k != "_backoff"},
         m._now,
         m._epoch,
         m._generation,

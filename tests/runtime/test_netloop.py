@@ -26,6 +26,7 @@ from consumer_sdk.membership import (
     CommitCompleted,
     CommitNeeded,
     ErrorEvent,
+    GroupMembership,
     LeaveCompleted,
     MemberState,
     Subscribe,
@@ -628,7 +629,11 @@ def test_one_members_failure_on_the_loop_spares_the_others(kafka: EmbeddedKafka)
         def broken(*args: Any) -> None:
             raise RuntimeError("injected response-handling bug")
 
-        bad._net.core.on_heartbeat_response = broken  # type: ignore[method-assign]
+        class _Broken(GroupMembership):  # (slotted: a method is patched through its class)
+            __slots__ = ()
+            on_heartbeat_response = broken
+
+        bad._net.core.__class__ = _Broken
         bad._net.core.quiet_answer = broken  # (a quiet answer's fast path)
         with pytest.raises(KafkaException, match="injected response-handling bug") as info:
             wait_until(

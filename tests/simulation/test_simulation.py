@@ -114,6 +114,8 @@ class _KeepsRevokedPartitions(Reconciler):
 class _AcksWhileHolding(MembershipManager):
     """Bug: acks (sends TopicPartitions) even while it holds partitions the ack lacks."""
 
+    __slots__ = ()  # (the same layout: ``keeps_revoked`` swaps a manager's class to this)
+
     @property
     def holds_unacked_partitions(self) -> bool:
         return False
