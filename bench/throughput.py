@@ -18,7 +18,7 @@ import statistics
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import confluent_kafka
@@ -91,13 +91,22 @@ def _read(c: Any, n: int, batch: bool, what: Callable[[int], str]) -> Rates:
     )
 
 
-def _raw(bootstrap: str, topic: str, partitions: int, n: int, batch: bool) -> Rates:
+def _raw(
+    bootstrap: str,
+    topic: str,
+    partitions: int,
+    n: int,
+    batch: bool,
+    extra: Mapping[str, Any] | None = None,
+) -> Rates:
+    """``extra``: settings on top of the common ones (`_fetcher_settings`)."""
     c = confluent_kafka.Consumer(
         {
             "bootstrap.servers": bootstrap,
             "group.id": f"raw-{uuid.uuid4().hex[:6]}",
             "auto.offset.reset": "earliest",
             **CONSUMER_CONFIG,
+            **(extra or {}),
         }
     )
     c.assign(
@@ -231,14 +240,379 @@ def run(
     return out
 
 
+#: The A/B run's readers (`ab`): raw confluent-kafka; raw with the librdkafka settings the
+#: SDK's fetcher adds (`_fetcher_settings`); the SDK of this tree (HEAD); the SDK of ``REV``.
+#: ``raw+KEY[+KEY...]`` is raw with only those of the fetcher's settings (``stats_cb`` comes
+#: with ``statistics.interval.ms``).
+READERS = ("raw", "rawcfg", "head", "rev")
+
+
+def _fetcher_settings(bootstrap: str) -> dict[str, Any]:
+    """What the SDK's ``Consumer`` gives its fetcher's ``confluent_kafka.Consumer`` beyond
+    the raw reader's settings (this tree's `ConsumerConfig.fetcher_config` and the 1 s
+    statistics the ``Consumer`` asks for), with a ``stats_cb`` that parses the JSON as the
+    SDK's does and nothing more."""
+    import json
+
+    from consumer_sdk.config import ConsumerConfig
+    from consumer_sdk.runtime import consumer
+
+    conf = ConsumerConfig.from_mapping(
+        {"bootstrap.servers": bootstrap, "group.id": "x", **CONSUMER_CONFIG}
+    ).fetcher_config()
+    for key in ("bootstrap.servers", "group.id", "auto.offset.reset", *CONSUMER_CONFIG):
+        conf.pop(key, None)
+    conf["statistics.interval.ms"] = consumer._STATISTICS_INTERVAL_MS
+    conf["stats_cb"] = json.loads
+    return conf
+
+
+def _child(argv: list[str]) -> None:
+    """One read in this process (see `ab`): prints a JSON line with the rates of `_read`."""
+    import json
+
+    reader, bootstrap, topic, partitions, n, mode = argv
+    batch = mode == "consume"
+    if reader.startswith("raw"):
+        extra = _fetcher_settings(bootstrap) if reader != "raw" else None
+        if extra is not None and reader.startswith("raw+"):
+            keys = set(reader.split("+")[1:])
+            if "statistics.interval.ms" in keys:
+                keys.add("stats_cb")
+            extra = {k: v for k, v in extra.items() if k in keys}
+        rates = _raw(bootstrap, topic, int(partitions), int(n), batch, extra)
+    else:
+        rates = _sdk(bootstrap, topic, int(n), batch)
+    sdk = sys.modules.get("consumer_sdk")
+    print(json.dumps({"rates": rates, "consumer_sdk": getattr(sdk, "__file__", None)}))
+
+
+def ab(
+    rev: str,
+    *,
+    nodes: int = 3,
+    rounds: int = 10,
+    records: int = 4_800_000,
+    readers: tuple[str, ...] = ("raw", "head", "rev"),
+    modes: tuple[str, ...] = ("poll", "consume"),
+    kafka_home: str | None = None,
+) -> dict[str, Any]:
+    """Every reader of ``readers`` (`READERS`) reading the same ``records`` (100 bytes, over 6
+    partitions, replication factor ``nodes``) from one real ``nodes``-node cluster, each read
+    in a fresh process running this file's `_read` with ``PYTHONPATH`` at the tree whose SDK
+    it reads with (``rev`` checked out with ``git worktree add --detach`` in a temporary
+    directory, removed afterwards; the raw readers at this tree). ``rounds`` rounds, each
+    reading with every reader in both modes, the readers' order rotated and the modes'
+    alternated per round."""
+    import json
+    import os
+    import shutil
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    from bench import convergence
+    from consumer_sdk.testing import KafkaCluster
+
+    head_tree = Path(__file__).resolve().parent.parent
+    tmp = Path(tempfile.mkdtemp(prefix="throughput-ab-"))
+    rev_tree = tmp / "rev"
+    git = ["git", "-C", str(head_tree)]
+    commit = subprocess.run(
+        [*git, "rev-parse", "--verify", f"{rev}^{{commit}}"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    head = subprocess.run(
+        [*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True
+    ).stdout.strip()
+    trees = {r: rev_tree if r == "rev" else head_tree for r in readers}
+    partitions = 6
+    rates: dict[str, dict[str, list[Rates]]] = {m: {r: [] for r in readers} for m in modes}
+    loads: list[float] = [os.getloadavg()[0]]
+    started = time.monotonic()
+    subprocess.run(
+        [*git, "worktree", "add", "--detach", str(rev_tree), commit],
+        check=True,
+        capture_output=True,
+    )
+    try:
+        with KafkaCluster(
+            nodes=nodes,
+            kafka_home=kafka_home,
+            heartbeat_interval_ms=convergence.HEARTBEAT_MS,
+            session_timeout_ms=convergence.SESSION_MS,
+        ) as kafka:
+            topic = f"throughput-ab-{uuid.uuid4().hex[:6]}"
+            kafka.create_topic(topic, partitions=partitions)
+            payload = [b"x" * 100] * 20_000
+            for i in range(max(records // len(payload), partitions)):
+                kafka.produce(topic, payload, partition=i % partitions, timeout=120)
+            n = _available(kafka.bootstrap_servers, topic, partitions)
+            print(f"{n:,} records on {nodes} node(s); {rev} = {commit[:10]}", flush=True)
+            for i in range(rounds):
+                order = readers[i % len(readers) :] + readers[: i % len(readers)]
+                for mode in modes if i % 2 == 0 else modes[::-1]:
+                    for reader in order:
+                        env = {**os.environ, "PYTHONPATH": str(trees[reader])}
+                        args = [reader, kafka.bootstrap_servers, topic, str(partitions)]
+                        done = subprocess.run(
+                            [sys.executable, __file__, "--child", *args, str(n), mode],
+                            env=env,
+                            check=True,
+                            capture_output=True,
+                            text=True,
+                            timeout=600,
+                        )
+                        row = json.loads(done.stdout.strip().splitlines()[-1])
+                        sdk_file = row["consumer_sdk"]
+                        if reader in ("head", "rev") and not str(sdk_file).startswith(
+                            str(trees[reader])
+                        ):
+                            raise RuntimeError(f"{reader} read with the SDK at {sdk_file}")
+                        rates[mode][reader].append(tuple(row["rates"]))  # type: ignore[arg-type]
+                loads.append(os.getloadavg()[0])
+                print(
+                    f"round {i + 1}/{rounds} ({_round_line(rates, readers)}; load {loads[-1]:.1f})",
+                    flush=True,
+                )
+    finally:
+        subprocess.run([*git, "worktree", "remove", "--force", str(rev_tree)], check=False)
+        shutil.rmtree(tmp, ignore_errors=True)
+    return _summary(
+        rates,
+        readers,
+        {
+            "rev": rev,
+            "rev_commit": commit,
+            "head_commit": head,
+            "nodes": nodes,
+            "records": n,
+            "record_bytes": 100,
+            "partitions": partitions,
+            "rounds": rounds,
+            "config": dict(CONSUMER_CONFIG),
+            "loads": loads,
+            "wall_s": time.monotonic() - started,
+        },
+    )
+
+
+_MODES = ("poll", "consume")
+#: What `_read` returns, by position; the last (thread CPU ns per record in the cheapest
+#: chunks) is turned into records per second of that CPU time, as the others.
+_MEASURES = ("wall", "cpu", "thread", "chunk")
+#: The ratios `ab` reports: (numerator, denominator) readers.
+_PAIRS = (("head", "raw"), ("rev", "raw"), ("head", "rev"), ("rawcfg", "raw"), ("head", "rawcfg"))
+
+
+def _round_line(rates: dict[str, dict[str, list[Rates]]], readers: tuple[str, ...]) -> str:
+    return "; ".join(
+        f"{mode} " + " ".join(f"{r} {rates[mode][r][-1][0] / 1000:,.0f}k" for r in readers)
+        for mode in rates
+    )
+
+
+def _summary(
+    rates: dict[str, dict[str, list[Rates]]], readers: tuple[str, ...], out: dict[str, Any]
+) -> dict[str, Any]:
+    """Per mode and measure: each reader's median and every round's figure, and per pair of
+    readers the median of the rounds' ratios with its 95 % bootstrap interval."""
+    from bench import convergence
+
+    for mode in rates:
+        row: dict[str, Any] = {}
+        for k, measure in enumerate(_MEASURES):
+            per = {r: [x[k] if k < 3 else 1e9 / x[k] for x in rates[mode][r]] for r in readers}
+            cell: dict[str, Any] = {
+                r: {"median": statistics.median(v), "all": v} for r, v in per.items()
+            }
+            for a, b in (*_PAIRS, *((r, "raw") for r in readers if r.startswith("raw+"))):
+                if a in per and b in per:
+                    ratios = [x / y for x, y in zip(per[a], per[b], strict=True)]
+                    cell[f"{a}/{b}"] = {
+                        "median": statistics.median(ratios),
+                        "ci95": convergence.bootstrap_ci(
+                            len(ratios),
+                            lambda picks, r=ratios: statistics.median(r[i] for i in picks),
+                        ),
+                        "all": ratios,
+                    }
+            row[measure] = cell
+        out[mode] = row
+    return out
+
+
+def print_ab(result: dict[str, Any]) -> None:
+    """The `ab` figures, one line per mode, measure and pair."""
+    loads = result["loads"]
+    print(
+        f"{result['records']:,} records, {result['nodes']} node(s), {result['rounds']} rounds, "
+        f"{result['wall_s'] / 60:.1f} min, load {loads[0]:.1f} at the start, "
+        f"{max(loads):.1f} at most, {loads[-1]:.1f} at the end; REV {result['rev']} "
+        f"({result['rev_commit'][:10]}), HEAD {result['head_commit'][:10]}"
+    )
+    for mode in _MODES:
+        if mode not in result:
+            continue
+        for measure in _MEASURES:
+            cell = result[mode][measure]
+            rates = " ".join(
+                f"{r} {c['median'] / 1000:,.0f}k" for r, c in cell.items() if "/" not in r
+            )
+            pairs = "  ".join(
+                f"{p} {c['median']:.3f} [{c['ci95'][0]:.3f}, {c['ci95'][1]:.3f}]"
+                for p, c in cell.items()
+                if "/" in p
+            )
+            print(f"{mode:<8} {measure:<6} {rates}  {pairs}")
+
+
+#: What the A/B section says under its table (`render_ab`): what the run above found.
+AB_FINDINGS = ""
+
+_MEASURE_NAMES = {
+    "wall": "records per second (wall clock)",
+    "cpu": "per CPU second of the process",
+    "thread": "per CPU second of the reading thread",
+    "chunk": "the reading thread, cheapest 10 % of 10,000-record chunks",
+}
+
+
+def render_ab(result: dict[str, Any], findings: str = "") -> str:
+    """docs/benchmarks.md's A/B section (between ``bench.__main__``'s ``AB_*`` markers)
+    from an `ab` result; ``findings``: a paragraph to add under the table."""
+    import datetime
+
+    from bench.__main__ import AB_BEGIN, AB_END, _machine, _versions
+
+    loads = result["loads"]
+    modes = [m for m in _MODES if m in result]
+    first = result[modes[0]]["wall"]
+    readers = [r for r in first if "/" not in r]
+    pairs = [p for p in first if "/" in p]
+    lines = [
+        AB_BEGIN,
+        "",
+        f"## Consume throughput A/B on real Apache Kafka: this code, {result['rev']} and raw",
+        "",
+        f"`python -m bench.throughput --broker real --against {result['rev']}`, run "
+        f"{datetime.date.today().isoformat()} on {_machine()}; {_versions()}. HEAD "
+        f"{result['head_commit'][:10]}, REV {result['rev']} ({result['rev_commit'][:10]}). "
+        f"One {result['nodes']}-node cluster and one topic: {result['records']:,} records of "
+        f"{result['record_bytes']} bytes over {result['partitions']} partitions (replication "
+        f"factor {result['nodes']}), read whole by every reader in each of "
+        f"{result['rounds']} rounds, each read in a fresh process running `bench/throughput.py`'s "
+        "read loop with `PYTHONPATH` at the tree of the SDK it reads with (REV checked out with "
+        "`git worktree add --detach`); the readers' order rotated and the two APIs' "
+        "alternated per round. Readers: `raw` (assign-mode `confluent_kafka.Consumer`), `head` "
+        "and `rev` (the SDK's subscribed `Consumer`), `rawcfg` (raw with the librdkafka "
+        "settings the SDK's fetcher adds: `client.id`, `enable.auto.offset.store=false`, "
+        "`logger`, `statistics.interval.ms=1000` with a `stats_cb` that parses the JSON), "
+        "`raw+KEY` (raw with only that one of them). Every reader with "
+        + ", ".join(f"`{k}={v}`" for k, v in result["config"].items())
+        + f". Whole run {result['wall_s'] / 60:.1f} min; load average (1 min) {loads[0]:.1f} "
+        f"at the start, {max(loads):.1f} at most, {loads[-1]:.1f} at the end. Rates are "
+        "medians over the rounds; a ratio is the median of the rounds' own ratios, with its 95 % "
+        "bootstrap interval (rounds resampled with replacement).",
+        "",
+        "| API | measure | " + " | ".join(readers) + " | " + " | ".join(pairs) + " |",
+        "| --- | --- | " + " | ".join("---:" for _ in readers + pairs) + " |",
+    ]
+    for mode in modes:
+        for measure in _MEASURES:
+            cell = result[mode][measure]
+            cells = [f"{cell[r]['median'] / 1000:,.0f}k" for r in readers]
+            for p in pairs:
+                c = cell[p]
+                b = "**" if measure == "wall" else ""
+                cells.append(f"{b}{c['median']:.3f}{b} ({c['ci95'][0]:.2f}-{c['ci95'][1]:.2f})")
+            lines.append(f"| `{mode}` | {_MEASURE_NAMES[measure]} | " + " | ".join(cells) + " |")
+    if findings:
+        lines += ["", findings]
+    lines += ["", AB_END]
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    import argparse
+    import json
+    from pathlib import Path
+
+    if argv[:1] == ["--child"]:
+        _child(argv[1:])
+        return 0
+    parser = argparse.ArgumentParser(prog="python -m bench.throughput", description=__doc__)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--broker", choices=("mock", "real"), default="mock")
+    parser.add_argument("--against", metavar="REV", help="A/B: the SDK at REV (real broker)")
+    parser.add_argument("--nodes", type=int, choices=(1, 3), default=3)
+    parser.add_argument("--kafka-home", default=None, help="A/B ($KAFKA_HOME)")
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--records", type=int, default=4_800_000)
+    parser.add_argument(
+        "--readers", default="raw,head,rev", help=f"comma-separated, of {','.join(READERS)}"
+    )
+    parser.add_argument("--modes", default="poll,consume", help="A/B: poll, consume or both")
+    parser.add_argument("--json", metavar="PATH", help="write the A/B result here")
+    parser.add_argument(
+        "--docs", action="store_true", help="write the A/B section of docs/benchmarks.md"
+    )
+    parser.add_argument(
+        "--render", metavar="PATH", help="write the A/B section from a --json result, no run"
+    )
+    args = parser.parse_args(argv)
+    if args.render:
+        _write_docs(render_ab(json.loads(Path(args.render).read_text()), AB_FINDINGS))
+        return 0
+    if args.against is None:
+        if args.broker == "real":
+            parser.error("--broker real runs the A/B: give --against REV")
+        result = run(quick=args.quick)
+        for mode in _MODES:
+            row = result[mode]
+            print(
+                f"{mode:<8} raw {row['raw_per_s']:,.0f}/s  sdk {row['sdk_per_s']:,.0f}/s  "
+                f"ratio {row['ratio']:.2f}  per CPU second {row['cpu_ratio']:.2f}  "
+                f"per application-thread CPU second {row['app_cpu_ratio']:.2f}  "
+                f"cheapest chunks {row['app_chunk_ratio']:.2f} "
+                f"(sdk {row['sdk_chunk_ns']:.0f} ns, raw {row['raw_chunk_ns']:.0f} ns per record)"
+            )
+        return 0
+    readers = tuple(args.readers.split(","))
+    if args.broker != "real" or not all(r in READERS or r.startswith("raw+") for r in readers):
+        parser.error(f"--against needs --broker real and readers of {', '.join(READERS)}")
+    modes = tuple(args.modes.split(","))
+    if not set(modes) <= set(_MODES):
+        parser.error("--modes: poll, consume or poll,consume")
+    result = ab(
+        args.against,
+        nodes=args.nodes,
+        rounds=args.rounds,
+        records=args.records,
+        readers=readers,
+        modes=modes,
+        kafka_home=args.kafka_home,
+    )
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1))
+    print_ab(result)
+    if args.docs:
+        _write_docs(render_ab(result, AB_FINDINGS))
+    return 0
+
+
+def _write_docs(section: str) -> None:
+    from bench.__main__ import AB_BEGIN, AB_END, DOCS, _with_real_section
+
+    path = DOCS / "benchmarks.md"
+    path.write_text(
+        _with_real_section(path.read_text(encoding="utf-8"), section, AB_BEGIN, AB_END),
+        encoding="utf-8",
+    )
+    print(f"updated {path}")
+
+
 if __name__ == "__main__":
-    result = run(quick="--quick" in sys.argv)
-    for mode in ("poll", "consume"):
-        row = result[mode]
-        print(
-            f"{mode:<8} raw {row['raw_per_s']:,.0f}/s  sdk {row['sdk_per_s']:,.0f}/s  "
-            f"ratio {row['ratio']:.2f}  per CPU second {row['cpu_ratio']:.2f}  "
-            f"per application-thread CPU second {row['app_cpu_ratio']:.2f}  "
-            f"cheapest chunks {row['app_chunk_ratio']:.2f} "
-            f"(sdk {row['sdk_chunk_ns']:.0f} ns, raw {row['raw_chunk_ns']:.0f} ns per record)"
-        )
+    sys.exit(main(sys.argv[1:]))
