@@ -469,66 +469,100 @@ def print_ab(result: dict[str, Any]) -> None:
             print(f"{mode:<8} {measure:<6} {rates}  {pairs}")
 
 
-#: What the A/B section says under its table (`render_ab`): what the run above found.
-AB_FINDINGS = ""
+#: What the A/B section says under its tables (`render_ab`): what the runs above found.
+AB_FINDINGS = (
+    "Findings (SDK code of c314774 as HEAD; each run's HEAD commit differs from it in "
+    "`bench/` only). No regression of `poll` since 88da62f: HEAD/REV 1.09 (1.05-1.24) on 3 "
+    "nodes, 1.13 (0.99-1.27) on 1, and HEAD above raw (1.07 and 1.25): its batches of 256 "
+    "cost less per record than librdkafka's own `poll`. `consume`: HEAD/raw 0.96 in both "
+    "3-node runs (0.90-1.09 and 0.91-1.03; the 40 rounds pooled 0.96, 0.92-1.02), REV/raw "
+    "0.98 and 1.00 (pooled 1.00, 0.96-1.04), HEAD/REV 1.04 and 0.95 (pooled 0.96, 0.93-1.03); "
+    "the 1-node run, whose last round ran at load 37, gave HEAD/REV 0.87 (0.77-0.97) by the "
+    "wall clock and 1.03 (0.79-1.31) per CPU second. So HEAD's `consume` is at most a few "
+    "percent below REV's, within what these runs can tell apart; the last `--broker real` "
+    "run's 0.93 / 0.87 against raw (7 pairs of reads of about 1 s) was mostly the spread of "
+    "such short reads, and REV/raw here (`poll` 0.95, `consume` 0.98 and 1.00) is within "
+    "0.1 of REV's own run on the other host (1.05 / 0.97). This host reported an AMD EPYC "
+    "CPU during these runs (the `--broker real` section above: Intel Xeon). What the SDK "
+    "adds to a `consume(500)` read: "
+    "not its fetcher's librdkafka settings (`rawcfg`/raw 0.98 and 1.02, per reading-thread "
+    "CPU second 0.95 and 1.03: the statistics every second, their callback, the logger and "
+    "no offset store are lost in the noise; one statistics callback, JSON parse and metrics, "
+    "takes about 1.2 ms, once a second), but its Python around each librdkafka call: on an "
+    "empty queue `Consumer.consume` costs 4.9 us a call against 1.0 us for the raw call "
+    "(`Fetcher.consume` 2.5 us of it; REV: 2.8-3.9, 1.2-2.0 and 0.7-0.8 us), and alternating "
+    "`Consumer.consume(500)`, `Fetcher.consume(500)` and the fetcher's own "
+    "`confluent_kafka.Consumer.consume(500)` on one prefetched queue (mock broker, "
+    "statistics off, reading-thread CPU) gave 27-50 ns per record more for `Consumer.consume` "
+    "than for `Fetcher.consume`, which was within 2 % of the raw call: 13-25 us per batch, "
+    "more than the empty call's few us (the caches, cold after librdkafka's batch, likely; "
+    "not measured). With this benchmark's 0.7 us per record that is 2-4 %, what HEAD/raw "
+    "shows. Per CPU second of the whole process HEAD/raw is 0.98 in both 3-node runs, no "
+    "lower than per reading-thread CPU second: the network loop thread (a heartbeat every "
+    "500 ms) costs nothing visible."
+)
 
-_MEASURE_NAMES = {
-    "wall": "records per second (wall clock)",
-    "cpu": "per CPU second of the process",
-    "thread": "per CPU second of the reading thread",
-    "chunk": "the reading thread, cheapest 10 % of 10,000-record chunks",
-}
 
-
-def render_ab(result: dict[str, Any], findings: str = "") -> str:
+def render_ab(results: list[dict[str, Any]], findings: str = "") -> str:
     """docs/benchmarks.md's A/B section (between ``bench.__main__``'s ``AB_*`` markers)
-    from an `ab` result; ``findings``: a paragraph to add under the table."""
+    from `ab` results (one table each, same REV); ``findings``: a paragraph under them."""
     import datetime
 
     from bench.__main__ import AB_BEGIN, AB_END, _machine, _versions
 
-    loads = result["loads"]
-    modes = [m for m in _MODES if m in result]
-    first = result[modes[0]]["wall"]
-    readers = [r for r in first if "/" not in r]
-    pairs = [p for p in first if "/" in p]
+    first = results[0]
     lines = [
         AB_BEGIN,
         "",
-        f"## Consume throughput A/B on real Apache Kafka: this code, {result['rev']} and raw",
+        f"## Consume throughput A/B on real Apache Kafka: this code, {first['rev']} and raw",
         "",
-        f"`python -m bench.throughput --broker real --against {result['rev']}`, run "
-        f"{datetime.date.today().isoformat()} on {_machine()}; {_versions()}. HEAD "
-        f"{result['head_commit'][:10]}, REV {result['rev']} ({result['rev_commit'][:10]}). "
-        f"One {result['nodes']}-node cluster and one topic: {result['records']:,} records of "
-        f"{result['record_bytes']} bytes over {result['partitions']} partitions (replication "
-        f"factor {result['nodes']}), read whole by every reader in each of "
-        f"{result['rounds']} rounds, each read in a fresh process running `bench/throughput.py`'s "
-        "read loop with `PYTHONPATH` at the tree of the SDK it reads with (REV checked out with "
-        "`git worktree add --detach`); the readers' order rotated and the two APIs' "
-        "alternated per round. Readers: `raw` (assign-mode `confluent_kafka.Consumer`), `head` "
-        "and `rev` (the SDK's subscribed `Consumer`), `rawcfg` (raw with the librdkafka "
-        "settings the SDK's fetcher adds: `client.id`, `enable.auto.offset.store=false`, "
-        "`logger`, `statistics.interval.ms=1000` with a `stats_cb` that parses the JSON), "
-        "`raw+KEY` (raw with only that one of them). Every reader with "
-        + ", ".join(f"`{k}={v}`" for k, v in result["config"].items())
-        + f". Whole run {result['wall_s'] / 60:.1f} min; load average (1 min) {loads[0]:.1f} "
-        f"at the start, {max(loads):.1f} at most, {loads[-1]:.1f} at the end. Rates are "
-        "medians over the rounds; a ratio is the median of the rounds' own ratios, with its 95 % "
-        "bootstrap interval (rounds resampled with replacement).",
-        "",
-        "| API | measure | " + " | ".join(readers) + " | " + " | ".join(pairs) + " |",
-        "| --- | --- | " + " | ".join("---:" for _ in readers + pairs) + " |",
+        f"`python -m bench.throughput --broker real --against {first['rev']}`, run "
+        f"{datetime.date.today().isoformat()} on {_machine()}; {_versions()}. REV "
+        f"{first['rev']} ({first['rev_commit'][:10]}). Each run: one cluster and one topic "
+        f"({first['record_bytes']}-byte records over {first['partitions']} partitions, "
+        "replication factor = nodes), read whole by every reader in every round, each read in "
+        "a fresh process running `bench/throughput.py`'s read loop with `PYTHONPATH` at the "
+        "tree of the SDK it reads with (REV checked out with `git worktree add --detach`); the "
+        "readers' order rotated and the two APIs' alternated per round. Readers: `raw` "
+        "(assign-mode `confluent_kafka.Consumer`), `head` and `rev` (the SDK's subscribed "
+        "`Consumer`), `rawcfg` (raw with the librdkafka settings the SDK's fetcher adds: "
+        "`client.id`, `enable.auto.offset.store=false`, `logger`, "
+        "`statistics.interval.ms=1000` with a `stats_cb` that parses the JSON). Every reader "
+        "with "
+        + ", ".join(f"`{k}={v}`" for k, v in first["config"].items())
+        + ". Rates are medians over the rounds; a ratio is the median of the rounds' own "
+        "ratios, in parentheses its 95 % bootstrap interval (rounds resampled with "
+        "replacement). Measures: records per second of wall clock, of the process's CPU time, "
+        "of the reading thread's CPU time, and of the reading thread's CPU time in its "
+        "cheapest 10 % of 10,000-record chunks (what the load moves least).",
     ]
-    for mode in modes:
-        for measure in _MEASURES:
-            cell = result[mode][measure]
-            cells = [f"{cell[r]['median'] / 1000:,.0f}k" for r in readers]
-            for p in pairs:
-                c = cell[p]
-                b = "**" if measure == "wall" else ""
-                cells.append(f"{b}{c['median']:.3f}{b} ({c['ci95'][0]:.2f}-{c['ci95'][1]:.2f})")
-            lines.append(f"| `{mode}` | {_MEASURE_NAMES[measure]} | " + " | ".join(cells) + " |")
+    for result in results:
+        loads = result["loads"]
+        modes = [m for m in _MODES if m in result]
+        cell0 = result[modes[0]]["wall"]
+        readers = [r for r in cell0 if "/" not in r]
+        pairs = [p for p in cell0 if "/" in p]
+        lines += [
+            "",
+            f"{result['nodes']} node(s), {result['records']:,} records, {result['rounds']} "
+            f"rounds ({', '.join(f'`{m}`' for m in modes)}), HEAD "
+            f"{result['head_commit'][:10]}: {result['wall_s'] / 60:.1f} min, load average "
+            f"(1 min) {loads[0]:.1f} at the start, {max(loads):.1f} at most, {loads[-1]:.1f} "
+            "at the end.",
+            "",
+            "| API | measure | " + " | ".join(readers) + " | " + " | ".join(pairs) + " |",
+            "| --- | --- | " + " | ".join("---:" for _ in readers + pairs) + " |",
+        ]
+        for mode in modes:
+            for measure in _MEASURES:
+                cell = result[mode][measure]
+                cells = [f"{cell[r]['median'] / 1000:,.0f}k" for r in readers]
+                for p in pairs:
+                    c = cell[p]
+                    b = "**" if measure == "wall" else ""
+                    lo, hi = c["ci95"]
+                    cells.append(f"{b}{c['median']:.3f}{b} ({lo:.2f}-{hi:.2f})")
+                lines.append(f"| `{mode}` | {measure} | " + " | ".join(cells) + " |")
     if findings:
         lines += ["", findings]
     lines += ["", AB_END]
@@ -560,11 +594,14 @@ def main(argv: list[str]) -> int:
         "--docs", action="store_true", help="write the A/B section of docs/benchmarks.md"
     )
     parser.add_argument(
-        "--render", metavar="PATH", help="write the A/B section from a --json result, no run"
+        "--render",
+        metavar="PATHS",
+        help="write the A/B section from --json results (comma-separated), no run",
     )
     args = parser.parse_args(argv)
     if args.render:
-        _write_docs(render_ab(json.loads(Path(args.render).read_text()), AB_FINDINGS))
+        runs = [json.loads(Path(path).read_text()) for path in args.render.split(",")]
+        _write_docs(render_ab(runs, AB_FINDINGS))
         return 0
     if args.against is None:
         if args.broker == "real":
@@ -599,7 +636,7 @@ def main(argv: list[str]) -> int:
         Path(args.json).write_text(json.dumps(result, indent=1))
     print_ab(result)
     if args.docs:
-        _write_docs(render_ab(result, AB_FINDINGS))
+        _write_docs(render_ab([result], AB_FINDINGS))
     return 0
 
 
