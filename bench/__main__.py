@@ -4,6 +4,10 @@
     python -m bench --quick          # short variant
     python -m bench --broker real    # convergence + throughput on a real 3-node Apache Kafka
                                      # (KAFKA_HOME) and on the mock, side by side, in one run
+    python -m bench.throughput --broker real --against 88da62f --docs
+                                     # consume throughput A/B: raw confluent-kafka, the SDK
+                                     # here and the SDK at a revision, interleaved on one
+                                     # real cluster (see bench/throughput.py `ab`)
 
 Absolute times on shared machines are noise; the ratios measured in one run are the figures.
 """
@@ -27,16 +31,26 @@ REAL_BEGIN = "<!-- real-broker:begin (written by `python -m bench --broker real`
 REAL_END = "<!-- real-broker:end -->"
 
 
-def _real_section(text: str) -> str:
-    """The real-vs-mock section of an existing benchmarks.md ("" if none)."""
-    begin, end = text.find(REAL_BEGIN), text.find(REAL_END)
+AB_BEGIN = (
+    "<!-- throughput-ab:begin (written by `python -m bench.throughput --broker real "
+    "--against REV --docs`) -->"
+)
+AB_END = "<!-- throughput-ab:end -->"
+
+
+def _real_section(text: str, begin_mark: str = REAL_BEGIN, end_mark: str = REAL_END) -> str:
+    """The real-vs-mock section (or the one between the other markers given) of an existing
+    benchmarks.md ("" if none)."""
+    begin, end = text.find(begin_mark), text.find(end_mark)
     if begin < 0 or end < begin:
         return ""
-    return text[begin : end + len(REAL_END)]
+    return text[begin : end + len(end_mark)]
 
 
-def _with_real_section(text: str, section: str) -> str:
-    old = _real_section(text)
+def _with_real_section(
+    text: str, section: str, begin_mark: str = REAL_BEGIN, end_mark: str = REAL_END
+) -> str:
+    old = _real_section(text, begin_mark, end_mark)
     if old:
         return text.replace(old, section)
     return text.rstrip("\n") + "\n\n" + section + "\n"
@@ -844,9 +858,11 @@ def main(argv: list[str] | None = None) -> int:
         lines += ["", "## Plots", ""] + [f"![{Path(i).stem}]({i})" for i in images]
     lines.append("")
     text = "\n".join(lines)
-    old = _real_section(args.out.read_text(encoding="utf-8")) if args.out.exists() else ""
-    if old:
-        text = _with_real_section(text, old)
+    previous = args.out.read_text(encoding="utf-8") if args.out.exists() else ""
+    for marks in ((REAL_BEGIN, REAL_END), (AB_BEGIN, AB_END)):  # sections other runs write
+        old = _real_section(previous, *marks)
+        if old:
+            text = _with_real_section(text, old, *marks)
     args.out.write_text(text, encoding="utf-8")
     print(f"wrote {args.out} in {wall / 60:.1f} min")
     return 0

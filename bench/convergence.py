@@ -20,6 +20,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -231,18 +232,26 @@ def run_scenarios(
         g.close_all()
 
 
+def bootstrap_ci(
+    n: int, statistic: Callable[[list[int]], float], rounds: int = 2000, seed: int = 0
+) -> tuple[float, float]:
+    """95 % interval of ``statistic`` over ``n`` paired samples resampled with replacement
+    (``statistic`` gets the indices picked)."""
+    rng = random.Random(seed)
+    values = sorted(statistic([rng.randrange(n) for _ in range(n)]) for _ in range(rounds))
+    return values[int(0.025 * rounds)], values[int(0.975 * rounds) - 1]
+
+
 def bootstrap_ratio_ci(
     sdk: list[float], ck: list[float], rounds: int = 2000, seed: int = 0
 ) -> tuple[float, float]:
     """95 % interval of mean(sdk) / mean(ck) over pairs resampled with replacement."""
-    rng = random.Random(seed)
-    n = len(sdk)
-    ratios = []
-    for _ in range(rounds):
-        picks = [rng.randrange(n) for _ in range(n)]
-        ratios.append(sum(sdk[i] for i in picks) / sum(ck[i] for i in picks))
-    ratios.sort()
-    return ratios[int(0.025 * rounds)], ratios[int(0.975 * rounds) - 1]
+    return bootstrap_ci(
+        len(sdk),
+        lambda picks: sum(sdk[i] for i in picks) / sum(ck[i] for i in picks),
+        rounds,
+        seed,
+    )
 
 
 HEARTBEAT_MS, SESSION_MS = 500, 3000
