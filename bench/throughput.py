@@ -146,6 +146,16 @@ def _sdk(bootstrap: str, topic: str, n: int, batch: bool) -> Rates:
         c.close()
 
 
+def _fill(
+    kafka: Any, topic: str, partitions: int, records: int, chunk: int, **produce: Any
+) -> None:
+    """About ``records`` 100-byte records (at least a chunk per partition), produced in
+    chunks of ``chunk`` spread round-robin over the partitions."""
+    payload = [b"x" * 100] * chunk
+    for i in range(max(records // chunk, partitions)):
+        kafka.produce(topic, payload, partition=i % partitions, **produce)
+
+
 def run(
     quick: bool = False, kafka: Any = None, pairs: int | None = None, records: int | None = None
 ) -> dict[str, Any]:
@@ -157,7 +167,6 @@ def run(
 
     n = records or (50_000 if quick else 300_000)
     partitions = 6
-    payload = [b"x" * 100] * 5_000
     results: dict[str, list[float]] = {}
     ratios: dict[str, list[float]] = {"poll": [], "consume": []}
     cpu_ratios: dict[str, list[float]] = {"poll": [], "consume": []}
@@ -169,8 +178,7 @@ def run(
             kafka = stack.enter_context(EmbeddedKafka(brokers=1))
         topic = f"throughput-{uuid.uuid4().hex[:6]}"
         kafka.create_topic(topic, partitions=partitions)
-        for i in range(max(n // len(payload), partitions)):
-            kafka.produce(topic, payload, partition=i % partitions)
+        _fill(kafka, topic, partitions, n, 5_000)
         # The mock broker trims old segments of large partitions; read what it still holds.
         n = _available(kafka.bootstrap_servers, topic, partitions)
         # Interleaved pairs; the ratio of each pair is taken, then the median of the ratios,
@@ -346,9 +354,7 @@ def ab(
         ) as kafka:
             topic = f"throughput-ab-{uuid.uuid4().hex[:6]}"
             kafka.create_topic(topic, partitions=partitions)
-            payload = [b"x" * 100] * 20_000
-            for i in range(max(records // len(payload), partitions)):
-                kafka.produce(topic, payload, partition=i % partitions, timeout=120)
+            _fill(kafka, topic, partitions, records, 20_000, timeout=120)
             n = _available(kafka.bootstrap_servers, topic, partitions)
             print(f"{n:,} records on {nodes} node(s); {rev} = {commit[:10]}", flush=True)
             for i in range(rounds):
