@@ -1020,7 +1020,6 @@ class GroupMember:
         """Raise (from now on) the error that failed this member's network side."""
         if self._fatal is None and self._net.failure is not None:
             self._fatal = self._net.failure
-            self._poll_note_due = 0.0
         if self._fatal is not None and self._fatal is self._net.failure:
             raise self._fatal
 
