@@ -735,14 +735,14 @@ class MemberNetwork:
                     timer.cancelled = False
                     timer.armed = True
                     loop = self._loop
-                    heappush(loop._timers, (due, next(loop._seq), timer))
+                    heappush(loop._lax_timers, (due, next(loop._seq), timer))
                     return
                 if not timer.cancelled:
                     if -0.001 < self._timer_due - due < 0.001:
                         return
                     timer.cancelled = True
             self._timer_due = due
-            self._timer = self._loop.call_at(due, self._run)
+            self._timer = self._loop.call_at(due, self._run, lax=True)
         except Exception as exc:
             self._fail(exc)
 
@@ -759,7 +759,7 @@ class MemberNetwork:
                     return
                 timer.cancelled = True
         self._timer_due = due
-        self._timer = self._loop.call_at(due, self._run)
+        self._timer = self._loop.call_at(due, self._run, lax=True)
 
     def _publish(self) -> None:
         """Publish the snapshot, then hand the application what the driver has for it, if

@@ -45,6 +45,14 @@ log = logging.getLogger("consumer_sdk.runtime")
 
 _MAX_SELECT_S = 1.0
 
+#: How late a lax timer (`NetworkLoop.call_at` with ``lax=True``: the members' runs) may
+#: fire so that it shares a wake-up with others (timer slack, as Linux's ``timer_slack_ns``).
+#: The loop sleeps until the last lax timer due within this of the first one, and fires
+#: every timer due by then: a timer with no other due within it (a process with one member)
+#: and a timer already due fire on time. Heartbeats of many members in one process: one
+#: wake-up for several (CPU per heartbeat: docs/benchmarks.md), each at most this late.
+TIMER_SLACK_S = 0.02
+
 # Readiness, as `select.epoll` reports it: an error or a hang-up counts as both (as in
 # ``selectors``), so that the read or the write finds it.
 _IN = getattr(select, "EPOLLIN", 1)
@@ -125,15 +133,17 @@ def _warm_up_once() -> None:
 class Timer:
     """A scheduled callback; `cancel` it to drop it (lazy removal from the heap). ``armed``:
     in the loop's heap (False once popped: fired or dropped); a timer no longer armed may be
-    armed again (`NetworkLoop.rearm`) instead of a new one."""
+    armed again (`NetworkLoop.rearm`) instead of a new one. ``lax``: may fire up to
+    `TIMER_SLACK_S` late (it is in the loop's heap of lax timers)."""
 
-    __slots__ = ("armed", "callback", "cancelled", "when")
+    __slots__ = ("armed", "callback", "cancelled", "lax", "when")
 
-    def __init__(self, when: float, callback: Callable[[], None]) -> None:
+    def __init__(self, when: float, callback: Callable[[], None], lax: bool = False) -> None:
         self.when = when
         self.callback = callback
         self.cancelled = False
         self.armed = True
+        self.lax = lax
 
     def cancel(self) -> None:
         self.cancelled = True
@@ -163,6 +173,7 @@ class NetworkLoop:
         self._wake_pending = False
         self._wake_lock = threading.Lock()
         self._timers: list[tuple[float, int, Timer]] = []
+        self._lax_timers: list[tuple[float, int, Timer]] = []  # (see `TIMER_SLACK_S`)
         self._seq = itertools.count()
         self._connections: dict[ConnKey, MuxConnection] = {}
         #: Bumped at every state change of any of the loop's connections (their shared
@@ -242,10 +253,11 @@ class NetworkLoop:
         with contextlib.suppress(OSError):  # full buffer: a wakeup is already pending
             self._wake_w.send(b"\0")
 
-    def call_at(self, when: float, callback: Callable[[], None]) -> Timer:
-        """Run ``callback`` on the loop thread at monotonic time ``when`` (loop thread only)."""
-        timer = Timer(when, callback)
-        heapq.heappush(self._timers, (when, next(self._seq), timer))
+    def call_at(self, when: float, callback: Callable[[], None], lax: bool = False) -> Timer:
+        """Run ``callback`` on the loop thread at monotonic time ``when`` (loop thread only);
+        ``lax``: or up to `TIMER_SLACK_S` later, with other timers due by then."""
+        timer = Timer(when, callback, lax)
+        heapq.heappush(self._lax_timers if lax else self._timers, (when, next(self._seq), timer))
         return timer
 
     def rearm(self, timer: Timer, when: float) -> None:
@@ -255,7 +267,9 @@ class NetworkLoop:
         timer.when = when
         timer.cancelled = False
         timer.armed = True
-        heapq.heappush(self._timers, (when, next(self._seq), timer))
+        heapq.heappush(
+            self._lax_timers if timer.lax else self._timers, (when, next(self._seq), timer)
+        )
 
     def request(self, conn: MuxConnection, call: Call[Any], done: Done, timeout_s: float) -> None:
         """Send ``call`` over ``conn`` (from `connection`), connecting if needed;
@@ -462,8 +476,16 @@ class NetworkLoop:
         timeout = _MAX_SELECT_S
         if self._calls:
             timeout = 0.0
-        elif self._timers:
-            timeout = min(max(self._timers[0][0] - time.monotonic(), 0.0), _MAX_SELECT_S)
+        elif self._timers or self._lax_timers:
+            now = time.monotonic()
+            wake = now + _MAX_SELECT_S
+            if self._timers:
+                wake = self._timers[0][0]
+            if self._lax_timers:
+                lax = self._lax_wake(now)
+                if lax < wake:
+                    wake = lax
+            timeout = min(max(wake - now, 0.0), _MAX_SELECT_S)
         by_fd = self._by_fd
         for fd, mask in self._poller.poll(timeout):
             conn = by_fd.get(fd)
@@ -484,18 +506,40 @@ class NetworkLoop:
             except Exception:
                 log.exception("network loop callback failed")
         now = time.monotonic()
-        timers = self._timers
-        while timers and timers[0][0] <= now:
-            _, _, timer = heapq.heappop(timers)
-            timer.armed = False
-            if not timer.cancelled:
-                try:
-                    timer.callback()
-                except Exception:
-                    log.exception("network loop callback failed")
+        for timers in (self._timers, self._lax_timers):
+            while timers and timers[0][0] <= now:
+                _, _, timer = heapq.heappop(timers)
+                timer.armed = False
+                if not timer.cancelled:
+                    try:
+                        timer.callback()
+                    except Exception:
+                        log.exception("network loop callback failed")
         # Requests queued by callbacks and timers go out in one write per connection.
         while self._dirty:
             self._update_interest(self._dirty.pop())
+
+    def _lax_wake(self, now: float) -> float:
+        """When to wake for the lax timers: the first one's time if due, else the latest
+        time of those due within `TIMER_SLACK_S` of it (they are at the heap's top: a walk
+        of that subtree only)."""
+        heap = self._lax_timers
+        wake = heap[0][0]
+        if wake <= now:
+            return wake
+        bound = wake + TIMER_SLACK_S
+        size = len(heap)
+        todo = [1, 2]
+        while todo:
+            i = todo.pop()
+            if i < size:
+                when = heap[i][0]
+                if when <= bound:
+                    if when > wake:
+                        wake = when
+                    todo.append(2 * i + 1)
+                    todo.append(2 * i + 2)
+        return wake
 
     def _safely(self, callback: Callable[[], None]) -> None:
         try:

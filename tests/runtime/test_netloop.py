@@ -204,7 +204,7 @@ def test_stable_members_heartbeat_at_the_broker_interval(kafka: EmbeddedKafka) -
             for _ in range(3):
                 net._run()
                 timer = net._timer
-                counted.append(sum(1 for _, _, t in loop._timers if t is timer and t.armed))
+                counted.append(sum(1 for _, _, t in loop._lax_timers if t is timer and t.armed))
             done.set()
 
         loop.call_soon(wake_runs)
@@ -551,6 +551,69 @@ def test_a_fired_timer_is_armed_again_and_a_pending_one_is_not() -> None:
         assert again.wait(10)
         assert seen == [False, True, True]
         assert len(fired) == 2
+    finally:
+        loop.release()
+
+
+def test_lax_timers_due_within_the_slack_share_one_wake_up() -> None:
+    """Lax timers (the members' runs) may fire up to `TIMER_SLACK_S` late to share a wake-up:
+    two members due half a slack apart run in one, neither early. A lax timer with no other
+    due within the slack fires on time, so does one already due, and an exact timer keeps
+    its time."""
+    from consumer_sdk.runtime.netloop import TIMER_SLACK_S
+
+    assert TIMER_SLACK_S >= 0.01
+    loop = NetworkLoop("test-slack")
+    loop._users = 1
+    loop._start()
+    fired: dict[str, float] = {}
+    due: dict[str, float] = {}
+    done = threading.Event()
+
+    def at(name: str, when: float, lax: bool) -> None:
+        due[name] = when
+
+        def fire() -> None:
+            fired[name] = time.monotonic()
+            if len(fired) == len(due):
+                done.set()
+
+        loop.call_at(when, fire, lax=lax)
+
+    def arm() -> None:
+        now = time.monotonic()
+        at("first", now + 0.2, True)
+        at("second", now + 0.2 + TIMER_SLACK_S / 2, True)
+        at("exact", now + 0.5, False)
+        at("late", now + 1.0, True)
+
+    try:
+        loop.call_soon(arm)
+        assert done.wait(10)
+        for name, when in due.items():
+            assert fired[name] >= when, name  # never early
+        # one wake-up for both: the first waited for the second, within its slack
+        assert abs(fired["first"] - fired["second"]) < TIMER_SLACK_S / 4, (fired, due)
+        assert fired["first"] - due["first"] < TIMER_SLACK_S + 0.05
+        assert fired["exact"] - due["exact"] < TIMER_SLACK_S / 2
+        assert fired["late"] - due["late"] < TIMER_SLACK_S / 2  # alone: no wait
+        # A lax timer due when the loop next sleeps fires at once, not a slack later: a
+        # member's run that asks to run again now (armed from a timer, after the loop read
+        # its clock for this round of timers).
+        ran = threading.Event()
+        times: list[float] = []
+
+        def again() -> None:
+            times.append(time.monotonic())
+            ran.set()
+
+        def run_now() -> None:
+            times.append(time.monotonic())
+            loop.call_at(times[0], again, lax=True)
+
+        loop.call_soon(lambda: loop.call_at(time.monotonic() + 0.05, run_now, lax=True))
+        assert ran.wait(10)
+        assert times[1] - times[0] < TIMER_SLACK_S / 2, times
     finally:
         loop.release()
 
