@@ -59,7 +59,12 @@ def test_health_service_example_probes_metrics_and_sigterm() -> None:
             return health["state"] == "STABLE" and len(health["assignment"]) == 3
 
         wait_until(stable, 30, 0.1, "STABLE with the topic's 3 partitions")
-        wait_until(lambda: json.loads(get("/healthz/ready")[1])["lag_total"] == 0, 30, 0.1, "lag 0")
+
+        def caught_up() -> bool:
+            health = json.loads(get("/healthz/ready")[1])
+            return bool(health["lag_total"] == 0 and health["lag_unknown"] == 0)
+
+        wait_until(caught_up, 30, 0.1, "lag 0 on every partition")
         status, text = get("/metrics")
         assert status == 200
         assert 'kafka_consumer_coordinator_assigned_partitions{client_id="health-service"' in text

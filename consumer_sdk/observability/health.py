@@ -53,6 +53,10 @@ class Health:
     assignment: tuple[tuple[str, int], ...]
     #: Sum of records-lag over the assigned partitions whose lag is known (None: none is).
     lag_total: int | None
+    #: How many assigned partitions' lag is not known yet (no end offset yet, or no position:
+    #: no record handed out and no committed offset), so not in ``lag_total``; None where
+    #: there is no lag (a `GroupMember` without records).
+    lag_unknown: int | None
     last_error: LastError | None
 
     def as_dict(self) -> dict[str, Any]:

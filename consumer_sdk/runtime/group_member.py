@@ -283,6 +283,7 @@ class GroupMember:
             last_poll_age_s=poll_age,
             assignment=assigned,
             lag_total=sum(lags.values()) if lags else None,
+            lag_unknown=(None if lag_of is None else sum(1 for p in assigned if p not in lags)),
             last_error=self._client_metrics.last_error,
         )
 

@@ -36,7 +36,11 @@ def test_health_through_outage_commit_failure_and_stuck_application(
     member = Member("m", conf, [topic], Timeline())
     c = member.consumer
     try:
-        healthy = wait_for(lambda: (h := c.health()).ready and h.lag_total == 0 and h, 30)
+        # (lag 0 over every partition: a partition with no record handed out yet and no
+        # committed offset has no known lag, so it is not in lag_total but in lag_unknown)
+        healthy = wait_for(
+            lambda: (h := c.health()).ready and h.lag_total == 0 and h.lag_unknown == 0 and h, 30
+        )
         assert healthy.live and healthy.in_group and healthy.coordinator_known
         assert healthy.state == "STABLE" and healthy.member_epoch > 0
         assert set(healthy.assignment) == {(topic, 0), (topic, 1)}
@@ -73,3 +77,37 @@ def test_health_through_outage_commit_failure_and_stuck_application(
         member.stop()
     closed = c.health()
     assert not closed.live and not closed.ready and "closed" in closed.reasons
+
+
+def test_lag_unknown_counts_the_partitions_lag_total_leaves_out(
+    embedded_kafka: EmbeddedKafka,
+) -> None:
+    """A partition with no record handed out and no committed offset has no known lag: it is
+    not in ``lag_total`` (0 once partition 0 is read) but in ``lag_unknown``, until a record
+    of its own is read. A `GroupMember` (no records) has no lag at all."""
+    from consumer_sdk import GroupMember
+
+    topic, group = "health-lag", "health-lag-g"
+    embedded_kafka.create_topic(topic, partitions=2)
+    embedded_kafka.produce(topic, [b"a", b"b", b"c"], partition=0)
+    member = Member(
+        "m", config(embedded_kafka, group, enable_auto_commit=False), [topic], Timeline()
+    )
+    c = member.consumer
+    try:
+        first = wait_for(
+            lambda: len(member.records) == 3 and (h := c.health()).lag_total == 0 and h, 30
+        )
+        assert len(first.assignment) == 2
+        assert first.lag_unknown == 1, first  # partition 1: nothing read, nothing committed
+        embedded_kafka.produce(topic, [b"d"], partition=1)
+        wait_for(lambda: len(member.records) == 4, 30, "partition 1's record")
+        both = wait_for(lambda: (h := c.health()).lag_unknown == 0 and h, 30, "both known")
+        assert both.lag_total == 0 and both.as_dict()["lag_unknown"] == 0
+    finally:
+        member.stop()
+    bare = GroupMember({"bootstrap.servers": embedded_kafka.bootstrap_servers, "group.id": group})
+    try:
+        assert bare.health().lag_unknown is None and bare.health().lag_total is None
+    finally:
+        bare.close()
