@@ -87,6 +87,8 @@ class ChaosMember:
         self.pending: dict[Partition, int] = {}
         self._last_commit = 0.0
         self.consumer: Any = None
+        # close() has begun: confluent-kafka's member id is not asked again (see `_identity`)
+        self._closing = False
 
     # -- consumer construction --------------------------------------------------------------
 
@@ -162,7 +164,12 @@ class ChaosMember:
         c = self.consumer
         if self._is_sdk():
             self.log.member_id, self.log.epoch = c.member_id, c.member_epoch
-        else:
+        elif not self._closing:
+            # Not during close(): librdkafka answers memberid() from its group thread, and
+            # once a commit in on_revoke failed there (UNKNOWN_MEMBER_ID after the leave) that
+            # thread has terminated, so the call never returned, the close timed out and the
+            # member was killed still "owning" the partitions it had left (chaos, netns, CI).
+            # The id the member closes with is the one last read.
             try:
                 self.log.member_id = c.memberid() or ""
             except Exception:  # older bindings have no memberid()
@@ -284,6 +291,7 @@ class ChaosMember:
                     self._commit(todo)
         finally:
             self.log.write("closing", flush=True)
+            self._closing = True
             started = time.monotonic()
             self._close()
             took = time.monotonic() - started
