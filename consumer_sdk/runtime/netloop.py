@@ -522,8 +522,14 @@ class NetworkLoop:
     def _lax_wake(self, now: float) -> float:
         """When to wake for the lax timers: the first one's time if due, else the latest
         time of those due within `TIMER_SLACK_S` of it (they are at the heap's top: a walk
-        of that subtree only)."""
+        of that subtree only). Cancelled timers count for nothing: dropped from the top, and
+        passed over in the walk (a member that moved its run earlier is not made to wait
+        for the run it cancelled)."""
         heap = self._lax_timers
+        while heap[0][2].cancelled:
+            heapq.heappop(heap)[2].armed = False
+            if not heap:
+                return now + _MAX_SELECT_S
         wake = heap[0][0]
         if wake <= now:
             return wake
@@ -533,9 +539,9 @@ class NetworkLoop:
         while todo:
             i = todo.pop()
             if i < size:
-                when = heap[i][0]
+                when, _, timer = heap[i]
                 if when <= bound:
-                    if when > wake:
+                    if when > wake and not timer.cancelled:
                         wake = when
                     todo.append(2 * i + 1)
                     todo.append(2 * i + 2)

@@ -618,6 +618,22 @@ def test_lax_timers_due_within_the_slack_share_one_wake_up(
         loop.call_soon(lambda: loop.call_at(time.monotonic() + 0.05, run_now, lax=True))
         assert ran.wait(10)
         assert times[1] - times[0] < slack / 2, times
+        # A cancelled timer is no company: a run moved earlier (the later one cancelled, still
+        # in the heap, within the slack) fires at its own time, alone.
+        moved = threading.Event()
+        at_times: list[float] = []
+
+        def move() -> None:
+            now = time.monotonic()
+            loop.call_at(now + 0.15 + slack / 2, lambda: None, lax=True).cancel()
+            at_times.append(now + 0.15)
+            loop.call_at(
+                at_times[0], lambda: (at_times.append(time.monotonic()), moved.set()), True
+            )
+
+        loop.call_soon(move)
+        assert moved.wait(10)
+        assert 0 <= at_times[1] - at_times[0] < slack / 2, at_times
     finally:
         loop.release()
 
