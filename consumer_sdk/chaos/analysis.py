@@ -119,6 +119,10 @@ class Summary:
     duplicates_unexplained: int = 0
     duplicates_mock_readoption: int = 0
     duplicates_mock_reset: int = 0
+    #: records a confluent-kafka owner processed before librdkafka acknowledged their
+    #: partition's revocation ahead of on_revoke (see ``overlaps_ck_early_ack``), committed
+    #: only after the SDK taker had the partition, and redone by that taker
+    duplicates_ck_early_ack: int = 0
     overlaps: int = 0
     overlaps_mock_readoption: int = 0
     overlaps_mock_reset: int = 0
@@ -172,7 +176,9 @@ class Summary:
             f"members' uncommitted work: {self.duplicates_explained}, unexplained: "
             f"{self.duplicates_unexplained}; redone after the mock re-adopted a fenced member: "
             f"{self.duplicates_mock_readoption}; redone by a member the mock gave an owned "
-            f"partition: {self.duplicates_mock_reset})",
+            f"partition: {self.duplicates_mock_reset}; redone by the taker of a partition "
+            "librdkafka acknowledged before on_revoke, committed only after: "
+            f"{self.duplicates_ck_early_ack})",
             f"overlapping ownership:       {self.overlaps} (plus {self.overlaps_mock_readoption} "
             "from the mock re-adopting a fenced member's stale partitions, "
             f"{self.overlaps_mock_reset} from the mock forgetting an owner's partitions when "
@@ -705,6 +711,9 @@ def analyze(
         and ((ev["ev"] == "broker_down" and ev.get("coordinator")) or ev["ev"] == "coordinator")
     )
     mock_reset_intervals: set[tuple[str, Partition, float]] = set()
+    # (owner incarnation, partition, owner's start) -> the taker's interval, for each
+    # confluent-kafka early acknowledgement
+    early_acks: dict[tuple[str, Partition, float], Interval] = {}
     all_intervals: dict[Partition, list[Interval]] = defaultdict(list)
     by_inc: dict[str, list[Interval]] = {}
     for inc in incs.values():
@@ -758,6 +767,7 @@ def analyze(
                     early := _ck_early_ack_evidence(incs[a.incarnation], incs[b.incarnation], a, b)
                 ) is not None:
                     s.overlaps_ck_early_ack += 1
+                    early_acks[(a.incarnation, p, a.start)] = b
                     s.examples["confluent-kafka early acknowledgements"].append(
                         f"partition {p}: {a.incarnation} [{a.start:.3f}, {a.end:.3f}] and "
                         f"{b.incarnation} [{b.start:.3f}, {b.end:.3f}] overlap {overlap:.3f}s: "
@@ -781,6 +791,7 @@ def analyze(
         explained = 0
         readopted = 0
         reset_redone = 0
+        early_redone = 0
         reasons = []
         for t, name in instances:
             owned = [iv for iv in by_inc.get(name, []) if iv.partition == p and iv.start <= t]
@@ -799,6 +810,21 @@ def analyze(
                 readopted += 1  # the overlap counted apart above made it process this again
             elif covering is not None and (name, p, covering.start) in mock_reset_intervals:
                 reset_redone += 1  # processed during an overlap the mock made (counted apart)
+            elif (
+                covering is not None
+                and (taker := early_acks.get((name, p, covering.start))) is not None
+                and t < taker.start
+                and not any(
+                    c > o and covering.start <= ct < taker.start
+                    for ct, c in commits[name].get(p, [])
+                )
+                and any(
+                    n == taker.incarnation and taker.start <= u <= taker.end for u, n in instances
+                )
+            ):
+                # librdkafka gave the partition up before on_revoke committed this record, so
+                # the taker started from the older committed offset (counted apart)
+                early_redone += 1
             reasons.append(
                 f"{name}@{t:.3f}:{covering.end_kind if covering else 'unowned'}"
                 f"{'+committed' if committed_past else ''}"
@@ -809,9 +835,12 @@ def analyze(
         unexplained -= by_mock
         by_reset = min(unexplained, reset_redone)
         unexplained -= by_reset
+        by_early = min(unexplained, early_redone)
+        unexplained -= by_early
+        s.duplicates_ck_early_ack += by_early
         s.duplicates_mock_readoption += by_mock
         s.duplicates_mock_reset += by_reset
-        s.duplicates_explained += len(instances) - 1 - unexplained - by_mock - by_reset
+        s.duplicates_explained += len(instances) - 1 - unexplained - by_mock - by_reset - by_early
         s.duplicates_unexplained += unexplained
         if unexplained:
             s.examples["unexplained duplicates"].append(

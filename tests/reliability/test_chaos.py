@@ -593,6 +593,44 @@ def test_checker_tells_librdkafkas_early_acknowledgement_from_an_overlap() -> No
     assert processed.violations["overlaps"] == 1 and processed.overlaps_ck_early_ack == 0
 
 
+def redone_after_early_acknowledgement(owner: str, committed_at: float) -> list[dict[str, Any]]:
+    """a (``owner``) owns p0 and processed 0..2 without committing; the broker gave p0 to the
+    SDK member b (its heartbeat answer at 1.85), b took it at 1.9 and, finding no commit of
+    a's, redid 0..2 and went on to 3; a's on_revoke began at 2.0; a committed 3 at
+    ``committed_at``."""
+    events = [
+        ev(0.5, "start", "a/1", impl=owner),
+        ev(0.6, "start", "b/2", impl="sdk"),
+        ev(1.0, "assign", "a/1", parts=[0]),
+        *(ev(1.1 + i / 10, "rec", "a/1", p=0, o=i) for i in range(3)),
+        ev(1.85, "hb", "b/2", err=0, sent=1.8, resp_ep=5, assigned=[0]),
+        ev(1.9, "assign", "b/2", parts=[0]),
+        ev(2.0, "revoking", "a/1", parts=[0]),
+        ev(committed_at, "commit", "a/1", offsets={"0": 3}),
+        ev(2.2, "revoke", "a/1", parts=[0]),
+        *(ev(2.3 + i / 100, "rec", "b/2", p=0, o=i) for i in range(4)),
+        ev(2.4, "commit", "b/2", offsets={"0": 4}),
+    ]
+    return sorted(events, key=lambda e: e["t"])
+
+
+def test_checker_explains_what_the_taker_redid_after_an_early_acknowledgement() -> None:
+    """The records a confluent-kafka owner processed before librdkafka acknowledged the
+    revocation ahead of on_revoke, committed only in on_revoke (after the SDK taker had the
+    partition and read its committed offset), are redone by the taker: counted apart, not
+    unexplained. Committed before the taker had the partition, or an SDK owner (which
+    acknowledges only after on_revoke), they stay violations."""
+    summary = check(redone_after_early_acknowledgement("ck", committed_at=2.1))
+    assert summary.violations == {}, summary.examples
+    assert summary.duplicates == summary.duplicates_ck_early_ack == 3
+    assert summary.overlaps_ck_early_ack == 1
+    committed_first = check(redone_after_early_acknowledgement("ck", committed_at=1.5))
+    assert committed_first.violations == {"duplicates_unexplained": 3}, committed_first.examples
+    sdk_owner = check(redone_after_early_acknowledgement("sdk", committed_at=2.1))
+    assert sdk_owner.violations == {"duplicates_unexplained": 3, "overlaps": 1}
+    assert sdk_owner.duplicates_ck_early_ack == 0
+
+
 def closed_while_cut_off(closing: bool, last_ok_sent: float) -> list[dict[str, Any]]:
     """a owns p0 and processed 0..3 but committed only 3; its last heartbeat answered without
     error was sent at ``last_ok_sent``; b took p0 at 8.0 and redid offset 3; a was closed at
