@@ -52,6 +52,15 @@ violation.
 A record processed more than once is *explained* when every processing but the last was done
 by an incarnation whose ownership ended by a kill, a ``lost`` or fencing (not by a revoke),
 and which never committed past that record: it is uncommitted work redone by the next owner.
+
+A member that takes a partition looks its committed offset up after its ``on_assign`` (both
+clients do), so it must start at or above the last commit any member logged before that
+``assign``: a commit is logged only once the broker acknowledged it. An ownership whose first
+record is below it is a *rewind* (`_rewinds`). An SDK member's rewind is a violation. A
+confluent-kafka member's is counted apart (seen on the real broker: librdkafka, taking a
+partition right after it was fenced and rejoined, started at offset 0 below a commit of 623),
+with the records it redid below that commit and the committed-offset regressions its own
+commits in that ownership caused; the checks resume from the regressed offset.
 """
 
 from __future__ import annotations
@@ -107,6 +116,18 @@ class Incarnation:
     cut_off_at: list[float] = field(default_factory=list)  # the coordinator's node faulted
 
 
+@dataclass(frozen=True)
+class Rewind:
+    """An ownership whose first record was below the partition's committed offset when it
+    began (module doc)."""
+
+    interval: Interval
+    first: int  # the first offset it processed
+    committed: int  # the last commit logged before it began
+    committer: str
+    committed_at: float
+
+
 @dataclass
 class Summary:
     produced: int = 0
@@ -123,6 +144,12 @@ class Summary:
     #: partition's revocation ahead of on_revoke (see ``overlaps_ck_early_ack``), committed
     #: only after the SDK taker had the partition, and redone by that taker
     duplicates_ck_early_ack: int = 0
+    #: records a confluent-kafka member redid below the committed offset it should have
+    #: started from (its rewinds, see ``rewinds``)
+    duplicates_ck_rewind: int = 0
+    #: ownerships that began below the partition's committed offset, per client (``sdk`` /
+    #: ``ck``); an SDK member's is a violation
+    rewinds: dict[str, int] = field(default_factory=dict)
     overlaps: int = 0
     overlaps_mock_readoption: int = 0
     overlaps_mock_reset: int = 0
@@ -136,6 +163,8 @@ class Summary:
     #: learned it was fenced, per client: ``sdk`` / ``ck``
     zombie_records: dict[str, int] = field(default_factory=dict)
     committed_regressions: int = 0
+    #: regressions to an offset a rewinding confluent-kafka member committed
+    committed_regressions_ck_rewind: int = 0
     uncommitted_at_end: int = 0
     close_failures: int = 0
     incarnations: int = 0
@@ -153,6 +182,7 @@ class Summary:
             "duplicates_unexplained": self.duplicates_unexplained,
             "overlaps": self.overlaps,
             "committed_regressions": self.committed_regressions,
+            "rewinds_sdk": self.rewinds.get("sdk", 0),
             "uncommitted_at_end": self.uncommitted_at_end,
             "close_failures": self.close_failures,
             "fatal_errors": self.fatal_errors,
@@ -160,9 +190,16 @@ class Summary:
         }
         return {k: v for k, v in checks.items() if v}
 
+    @property
+    def duplicates_librdkafka(self) -> int:
+        """Duplicates counted apart as confluent-kafka's own: its early acknowledgements and
+        its rewinds (the real broker's only categories besides the explained ones)."""
+        return self.duplicates_ck_early_ack + self.duplicates_ck_rewind
+
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["violations"] = self.violations
+        out["duplicates_librdkafka"] = self.duplicates_librdkafka
         return out
 
     def format(self) -> str:
@@ -178,7 +215,8 @@ class Summary:
             f"{self.duplicates_mock_readoption}; redone by a member the mock gave an owned "
             f"partition: {self.duplicates_mock_reset}; redone by the taker of a partition "
             "librdkafka acknowledged before on_revoke, committed only after: "
-            f"{self.duplicates_ck_early_ack})",
+            f"{self.duplicates_ck_early_ack}; redone by a confluent-kafka member that started "
+            f"below the committed offset: {self.duplicates_ck_rewind})",
             f"overlapping ownership:       {self.overlaps} (plus {self.overlaps_mock_readoption} "
             "from the mock re-adopting a fenced member's stale partitions, "
             f"{self.overlaps_mock_reset} from the mock forgetting an owner's partitions when "
@@ -190,7 +228,11 @@ class Summary:
             f"zombie records:              SDK {self.zombie_records.get('sdk', 0)}, "
             f"confluent-kafka {self.zombie_records.get('ck', 0)} (processed inside those "
             "windows, after the broker could have fenced the member; not committed)",
-            f"committed-offset regressions: {self.committed_regressions}",
+            f"committed-offset regressions: {self.committed_regressions} (plus "
+            f"{self.committed_regressions_ck_rewind} to a rewinding confluent-kafka member's "
+            "commit)",
+            f"rewinds:                     SDK {self.rewinds.get('sdk', 0)}, confluent-kafka "
+            f"{self.rewinds.get('ck', 0)} (an ownership that began below the committed offset)",
             f"uncommitted at the end:      {self.uncommitted_at_end}",
             f"members failing to close:    {self.close_failures}",
             f"fatal errors in members:     {self.fatal_errors}",
@@ -648,6 +690,63 @@ def _next_start(ivs: list[Interval], iv: Interval) -> float:
     return min(later, default=float("inf"))
 
 
+def _rewinds(
+    incs: Mapping[str, Incarnation], by_inc: Mapping[str, list[Interval]]
+) -> dict[tuple[str, Partition, float], Rewind]:
+    """Each ownership whose first record was below the last commit of its partition that any
+    member logged before the ownership began (module doc), keyed like ``early_acks``."""
+    logged: dict[Partition, list[tuple[float, int, str]]] = defaultdict(list)
+    for inc in incs.values():
+        for p, own in _commits(inc).items():
+            logged[p].extend((t, o, inc.name) for t, o in own)
+    for commits in logged.values():
+        commits.sort()
+    out: dict[tuple[str, Partition, float], Rewind] = {}
+    for name, ivs in by_inc.items():
+        for iv in ivs:
+            first = next(
+                (
+                    ev["o"]
+                    for ev in incs[name].events
+                    if ev["ev"] == "rec"
+                    and ev["p"] == iv.partition
+                    and iv.start <= ev["t"] <= iv.end
+                ),
+                None,
+            )
+            before = [c for c in logged.get(iv.partition, []) if c[0] < iv.start]
+            if first is None or not before:
+                continue
+            at, committed, committer = before[-1]
+            if first < committed:
+                out[(name, iv.partition, iv.start)] = Rewind(iv, first, committed, committer, at)
+    return out
+
+
+def _rewind_commit(
+    incs: Mapping[str, Incarnation],
+    by_inc: Mapping[str, list[Interval]],
+    rewinds: Iterable[Rewind],
+    partition: Partition,
+    offset: int,
+    sampled_at: float,
+) -> Rewind | None:
+    """The confluent-kafka rewind whose member committed ``offset`` (at most the commit it
+    should have started from) in that ownership (its ``on_revoke`` included), by
+    ``sampled_at`` (give or take the second between a commit's answer and its log line)."""
+    for r in rewinds:
+        iv = r.interval
+        if iv.partition != partition or offset > r.committed or _impl(incs[iv.incarnation]) != "ck":
+            continue
+        until = min(_next_start(by_inc[iv.incarnation], iv), sampled_at + 1.0)
+        if any(
+            o == offset and iv.start <= t < until
+            for t, o in _commits(incs[iv.incarnation]).get(partition, [])
+        ):
+            return r
+    return None
+
+
 def analyze(
     member_events: list[dict[str, Any]],
     driver_events: list[dict[str, Any]],
@@ -674,6 +773,7 @@ def analyze(
         "zombie windows": [],
         "mock-reset overlaps": [],
         "confluent-kafka early acknowledgements": [],
+        "rewinds": [],
     }
     for ev in driver_events:
         if ev["ev"] in ACTION_EVENTS:
@@ -781,6 +881,19 @@ def analyze(
                         f"overlap {overlap:.3f}s"
                     )
 
+    # rewinds
+    rewinds = _rewinds(incs, by_inc)
+    for r in sorted(rewinds.values(), key=lambda r: r.interval.start):
+        impl = _impl(incs[r.interval.incarnation])
+        s.rewinds[impl] = s.rewinds.get(impl, 0) + 1
+        s.examples["rewinds"].append(
+            f"partition {r.interval.partition}: {r.interval.incarnation} "
+            f"({'confluent-kafka' if impl == 'ck' else 'SDK'}) took it at "
+            f"{r.interval.start:.3f} and began at offset {r.first}, below {r.committed} "
+            f"committed by {r.committer} at {r.committed_at:.3f}"
+        )
+    ck_rewinds = {k: r for k, r in rewinds.items() if _impl(incs[k[0]]) == "ck"}
+
     # duplicates
     commits = {name: _commits(inc) for name, inc in incs.items()}
     for (p, o), instances in seen.items():
@@ -792,6 +905,7 @@ def analyze(
         readopted = 0
         reset_redone = 0
         early_redone = 0
+        rewind_redone = 0
         reasons = []
         for t, name in instances:
             owned = [iv for iv in by_inc.get(name, []) if iv.partition == p and iv.start <= t]
@@ -825,6 +939,13 @@ def analyze(
                 # librdkafka gave the partition up before on_revoke committed this record, so
                 # the taker started from the older committed offset (counted apart)
                 early_redone += 1
+            elif (
+                covering is not None
+                and (rewind := ck_rewinds.get((name, p, covering.start))) is not None
+                and o < rewind.committed
+                and t <= covering.end
+            ):
+                rewind_redone += 1  # librdkafka started below the committed offset
             reasons.append(
                 f"{name}@{t:.3f}:{covering.end_kind if covering else 'unowned'}"
                 f"{'+committed' if committed_past else ''}"
@@ -837,10 +958,15 @@ def analyze(
         unexplained -= by_reset
         by_early = min(unexplained, early_redone)
         unexplained -= by_early
+        by_rewind = min(unexplained, rewind_redone)
+        unexplained -= by_rewind
         s.duplicates_ck_early_ack += by_early
+        s.duplicates_ck_rewind += by_rewind
         s.duplicates_mock_readoption += by_mock
         s.duplicates_mock_reset += by_reset
-        s.duplicates_explained += len(instances) - 1 - unexplained - by_mock - by_reset - by_early
+        s.duplicates_explained += (
+            len(instances) - 1 - unexplained - by_mock - by_reset - by_early - by_rewind
+        )
         s.duplicates_unexplained += unexplained
         if unexplained:
             s.examples["unexplained duplicates"].append(
@@ -854,6 +980,12 @@ def analyze(
             if offset < 0:
                 continue
             if p in high and offset < high[p][1]:
+                rewind = _rewind_commit(incs, by_inc, ck_rewinds.values(), p, offset, t)
+                if rewind is not None:
+                    # counted apart; the offsets never go back again from here
+                    s.committed_regressions_ck_rewind += 1
+                    high[p] = (t, offset)
+                    continue
                 s.committed_regressions += 1
                 s.examples["regressions"].append(
                     f"partition {p}: {high[p][1]} at {high[p][0]:.3f} -> {offset} at {t:.3f}"

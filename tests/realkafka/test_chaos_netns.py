@@ -57,7 +57,10 @@ def test_chaos_ci_run_with_network_faults(tmp_path: Path) -> None:
     assert summary["violations"] == {}, report
     assert summary["produced"] > 1000 and summary["lost"] == 0
     assert summary["processed_unique"] == summary["produced"]
-    assert summary["duplicates"] == summary["duplicates_explained"], report
+    # every duplicate explained; librdkafka's own (early acknowledgements, rewinds) apart
+    assert summary["duplicates"] == (
+        summary["duplicates_explained"] + summary["duplicates_librdkafka"]
+    ), report
     assert summary["overlaps"] == 0
     assert summary["committed_regressions"] == 0 and summary["uncommitted_at_end"] == 0
     assert summary["close_failures"] == 0 and summary["fault_errors"] == 0
