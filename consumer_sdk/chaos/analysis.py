@@ -272,7 +272,9 @@ def read_member_events(members_dir: Path) -> list[dict[str, Any]]:
     known = {ev["inc"] for ev in events}
     for path in sorted(members_dir.glob("*.stderr")):
         with path.open(encoding="utf-8", errors="replace") as f:
-            events.extend(ev for ev in librdkafka_heartbeats(f) if ev["inc"] in known)
+            lines = f.readlines()
+        events.extend(ev for ev in librdkafka_heartbeats(lines) if ev["inc"] in known)
+        events.extend(ev for ev in librdkafka_start_offsets(lines) if ev["inc"] in known)
     return events
 
 
@@ -485,6 +487,33 @@ _LIBRDKAFKA_FENCING = {
     "Broker: Unknown member": ErrorCode.UNKNOWN_MEMBER_ID,
     "Broker: The member epoch is fenced by the group coordinator": ErrorCode.FENCED_MEMBER_EPOCH,
 }
+
+
+_LIBRDKAFKA_START_OFFSET = re.compile(
+    r"^%7\|(?P<t>\d+\.\d+)\|OFFSETFETCH\|(?P<inc>[^|]+)#consumer-\d+\| .*Adding "
+    r"(?P<topic>\S+) \[(?P<p>\d+)\] back to pending list (?P<why>.*?)\s*$"
+)
+
+
+def librdkafka_start_offsets(lines: Iterable[str]) -> list[dict[str, Any]]:
+    """What librdkafka made of the committed offsets it looked up for its assignment, from its
+    ``debug=cgrp`` lines: an ``rdk_offset`` event per partition (``p``, and ``why``: e.g.
+    "with offset 623", "with offset INVALID" for no commit, or why it asks again), the
+    evidence printed with a confluent-kafka rewind."""
+    out: list[dict[str, Any]] = []
+    for line in lines:
+        m = _LIBRDKAFKA_START_OFFSET.match(line)
+        if m is not None:
+            out.append(
+                {
+                    "t": float(m["t"]),
+                    "ev": "rdk_offset",
+                    "inc": m["inc"],
+                    "p": int(m["p"]),
+                    "why": m["why"],
+                }
+            )
+    return out
 
 
 def librdkafka_heartbeats(lines: Iterable[str]) -> list[dict[str, Any]]:
@@ -884,13 +913,24 @@ def analyze(
     # rewinds
     rewinds = _rewinds(incs, by_inc)
     for r in sorted(rewinds.values(), key=lambda r: r.interval.start):
-        impl = _impl(incs[r.interval.incarnation])
+        iv = r.interval
+        impl = _impl(incs[iv.incarnation])
         s.rewinds[impl] = s.rewinds.get(impl, 0) + 1
+        # librdkafka's own account of the committed offset it read, if it logged one
+        looked_up = [
+            f"{ev['why']} at {ev['t']:.3f}"
+            for ev in incs[iv.incarnation].events
+            if ev["ev"] == "rdk_offset"
+            and ev["p"] == iv.partition
+            and iv.start - 5.0 <= ev["t"]
+            and ev["t"] <= iv.end
+        ]
         s.examples["rewinds"].append(
-            f"partition {r.interval.partition}: {r.interval.incarnation} "
+            f"partition {iv.partition}: {iv.incarnation} "
             f"({'confluent-kafka' if impl == 'ck' else 'SDK'}) took it at "
-            f"{r.interval.start:.3f} and began at offset {r.first}, below {r.committed} "
+            f"{iv.start:.3f} and began at offset {r.first}, below {r.committed} "
             f"committed by {r.committer} at {r.committed_at:.3f}"
+            + (f" (librdkafka: {'; '.join(looked_up)})" if looked_up else "")
         )
     ck_rewinds = {k: r for k, r in rewinds.items() if _impl(incs[k[0]]) == "ck"}
 

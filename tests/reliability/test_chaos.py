@@ -11,7 +11,11 @@ from typing import Any
 
 import pytest
 
-from consumer_sdk.chaos.analysis import analyze, librdkafka_heartbeats
+from consumer_sdk.chaos.analysis import (
+    analyze,
+    librdkafka_heartbeats,
+    librdkafka_start_offsets,
+)
 
 CI_DURATION_S = 30
 
@@ -681,6 +685,23 @@ def test_checker_counts_a_confluent_kafka_rewind_apart_and_an_sdk_rewind_as_a_vi
         "committed_regressions": 1,
     }, sdk.examples
     assert sdk.duplicates_ck_rewind == 0 and sdk.committed_regressions_ck_rewind == 0
+
+
+def test_a_confluent_kafka_rewind_shows_what_librdkafka_read() -> None:
+    """librdkafka's ``debug=cgrp`` line on the committed offset it read is parsed and printed
+    with the rewind (what the next CI failure of this kind needs to tell its cause)."""
+    line = (
+        "%7|2.150|OFFSETFETCH|b/2#consumer-1| [thrd:main]: Adding chaos-topic [0] back to "
+        "pending list with offset INVALID\n"
+    )
+    parsed = librdkafka_start_offsets(["%7|2.0|HEARTBEAT|b/2#consumer-1| other\n", line])
+    assert parsed == [
+        {"t": 2.15, "ev": "rdk_offset", "inc": "b/2", "p": 0, "why": "with offset INVALID"}
+    ]
+    events = sorted([*rewound_after_a_handover("ck", 1.5), *parsed], key=lambda e: e["t"])
+    summary = check(events, samples=REWIND_SAMPLES)
+    assert summary.violations == {} and summary.rewinds == {"ck": 1}
+    assert "(librdkafka: with offset INVALID at 2.150)" in summary.examples["rewinds"][0]
 
 
 def test_checker_sees_no_rewind_below_a_commit_logged_after_the_assign() -> None:
