@@ -479,8 +479,11 @@ class NetworkLoop:
         elif self._timers or self._lax_timers:
             now = time.monotonic()
             wake = now + _MAX_SELECT_S
-            if self._timers:
-                wake = self._timers[0][0]
+            timers = self._timers
+            while timers and timers[0][2].cancelled:  # (wakes nobody: dropped, as lax ones)
+                heapq.heappop(timers)[2].armed = False
+            if timers:
+                wake = timers[0][0]
             if self._lax_timers:
                 lax = self._lax_wake(now)
                 if lax < wake:

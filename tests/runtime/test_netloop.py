@@ -638,6 +638,63 @@ def test_lax_timers_due_within_the_slack_share_one_wake_up(
         loop.release()
 
 
+def test_a_cancelled_timer_does_not_wake_the_loop() -> None:
+    """A cancelled exact timer (a connection's request expiry moved) at the top of the heap
+    is dropped, not slept for: the loop's next sleep is its longest, the timer never fires,
+    and a timer armed after it keeps its time."""
+    from consumer_sdk.runtime import netloop
+
+    loop = NetworkLoop("test-cancelled")
+    loop._users = 1
+    timeouts: list[float] = []
+    poll = loop._poller.poll
+
+    def recorded(timeout: float) -> Any:
+        timeouts.append(timeout)
+        return poll(timeout)
+
+    loop._poller = _PollerProxy(loop._poller, recorded)
+    loop._start()
+    fired = threading.Event()
+    armed = threading.Event()
+    try:
+
+        def arm() -> None:
+            loop.call_at(time.monotonic() + 0.3, fired.set).cancel()
+            timeouts.clear()
+            armed.set()
+
+        loop.call_soon(arm)
+        assert armed.wait(10)
+        assert not fired.wait(0.6)  # past its time: it never fired
+        # the sleep after the cancel was the longest one, not until the cancelled time
+        assert timeouts and timeouts[0] > netloop._MAX_SELECT_S - 0.01, timeouts
+        assert not loop._timers
+        later = threading.Event()
+        when: list[float] = []
+        loop.call_soon(
+            lambda: (
+                when.append(time.monotonic() + 0.1),
+                loop.call_at(when[0], lambda: (when.append(time.monotonic()), later.set())),
+            )
+        )
+        assert later.wait(10)
+        assert when[1] >= when[0]
+    finally:
+        loop.release()
+
+
+class _PollerProxy:
+    """The loop's poller with its ``poll`` replaced (the rest passed through)."""
+
+    def __init__(self, poller: Any, poll: Any) -> None:
+        self._poller = poller
+        self.poll = poll
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._poller, name)
+
+
 # -- the GroupMember facade on the shared loop ---------------------------------------------------
 
 
