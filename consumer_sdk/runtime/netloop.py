@@ -152,6 +152,12 @@ class Timer:
 ConnKey = tuple[Hashable, str, int]
 
 
+def _drop_cancelled(heap: list[tuple[float, int, Timer]]) -> None:
+    """Pop the cancelled timers off ``heap``'s top: the loop does not wake for them."""
+    while heap and heap[0][2].cancelled:
+        heapq.heappop(heap)[2].armed = False
+
+
 class NetworkLoop:
     """The shared network thread; see the module docstring."""
 
@@ -480,8 +486,8 @@ class NetworkLoop:
             now = time.monotonic()
             wake = now + _MAX_SELECT_S
             timers = self._timers
-            while timers and timers[0][2].cancelled:  # (wakes nobody: dropped, as lax ones)
-                heapq.heappop(timers)[2].armed = False
+            _drop_cancelled(timers)
+            _drop_cancelled(self._lax_timers)
             if timers:
                 wake = timers[0][0]
             if self._lax_timers:
@@ -525,14 +531,10 @@ class NetworkLoop:
     def _lax_wake(self, now: float) -> float:
         """When to wake for the lax timers: the first one's time if due, else the latest
         time of those due within `TIMER_SLACK_S` of it (they are at the heap's top: a walk
-        of that subtree only). Cancelled timers count for nothing: dropped from the top, and
-        passed over in the walk (a member that moved its run earlier is not made to wait
-        for the run it cancelled)."""
+        of that subtree only). The top is not cancelled (`_drop_cancelled`), and cancelled
+        timers in the walk count for nothing (a member that moved its run earlier is not made
+        to wait for the run it cancelled)."""
         heap = self._lax_timers
-        while heap[0][2].cancelled:
-            heapq.heappop(heap)[2].armed = False
-            if not heap:
-                return now + _MAX_SELECT_S
         wake = heap[0][0]
         if wake <= now:
             return wake
