@@ -720,16 +720,19 @@ def _next_start(ivs: list[Interval], iv: Interval) -> float:
 
 
 def _rewinds(
-    incs: Mapping[str, Incarnation], by_inc: Mapping[str, list[Interval]]
+    incs: Mapping[str, Incarnation],
+    by_inc: Mapping[str, list[Interval]],
+    commits: Mapping[str, dict[Partition, list[tuple[float, int]]]],
 ) -> dict[tuple[str, Partition, float], Rewind]:
     """Each ownership whose first record was below the last commit of its partition that any
-    member logged before the ownership began (module doc), keyed like ``early_acks``."""
+    member logged before the ownership began (module doc), keyed like ``early_acks``;
+    ``commits``: each incarnation's `_commits`."""
     logged: dict[Partition, list[tuple[float, int, str]]] = defaultdict(list)
-    for inc in incs.values():
-        for p, own in _commits(inc).items():
-            logged[p].extend((t, o, inc.name) for t, o in own)
-    for commits in logged.values():
-        commits.sort()
+    for name, own_commits in commits.items():
+        for p, own in own_commits.items():
+            logged[p].extend((t, o, name) for t, o in own)
+    for partition_commits in logged.values():
+        partition_commits.sort()
     out: dict[tuple[str, Partition, float], Rewind] = {}
     for name, ivs in by_inc.items():
         for iv in ivs:
@@ -753,9 +756,9 @@ def _rewinds(
 
 
 def _rewind_commit(
-    incs: Mapping[str, Incarnation],
     by_inc: Mapping[str, list[Interval]],
-    rewinds: Iterable[Rewind],
+    commits: Mapping[str, dict[Partition, list[tuple[float, int]]]],
+    ck_rewinds: Iterable[Rewind],
     partition: Partition,
     offset: int,
     sampled_at: float,
@@ -763,14 +766,14 @@ def _rewind_commit(
     """The confluent-kafka rewind whose member committed ``offset`` (at most the commit it
     should have started from) in that ownership (its ``on_revoke`` included), by
     ``sampled_at`` (give or take the second between a commit's answer and its log line)."""
-    for r in rewinds:
+    for r in ck_rewinds:
         iv = r.interval
-        if iv.partition != partition or offset > r.committed or _impl(incs[iv.incarnation]) != "ck":
+        if iv.partition != partition or offset > r.committed:
             continue
         until = min(_next_start(by_inc[iv.incarnation], iv), sampled_at + 1.0)
         if any(
             o == offset and iv.start <= t < until
-            for t, o in _commits(incs[iv.incarnation]).get(partition, [])
+            for t, o in commits[iv.incarnation].get(partition, [])
         ):
             return r
     return None
@@ -911,7 +914,8 @@ def analyze(
                     )
 
     # rewinds
-    rewinds = _rewinds(incs, by_inc)
+    commits = {name: _commits(inc) for name, inc in incs.items()}
+    rewinds = _rewinds(incs, by_inc, commits)
     for r in sorted(rewinds.values(), key=lambda r: r.interval.start):
         iv = r.interval
         impl = _impl(incs[iv.incarnation])
@@ -935,7 +939,6 @@ def analyze(
     ck_rewinds = {k: r for k, r in rewinds.items() if _impl(incs[k[0]]) == "ck"}
 
     # duplicates
-    commits = {name: _commits(inc) for name, inc in incs.items()}
     for (p, o), instances in seen.items():
         if len(instances) < 2:
             continue
@@ -1020,7 +1023,7 @@ def analyze(
             if offset < 0:
                 continue
             if p in high and offset < high[p][1]:
-                rewind = _rewind_commit(incs, by_inc, ck_rewinds.values(), p, offset, t)
+                rewind = _rewind_commit(by_inc, commits, ck_rewinds.values(), p, offset, t)
                 if rewind is not None:
                     # counted apart; the offsets never go back again from here
                     s.committed_regressions_ck_rewind += 1
